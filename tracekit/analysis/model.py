@@ -1,0 +1,140 @@
+"""The analyzer's data model: what readers produce and what rules and renderers consume.
+
+Pipeline (STYLE §14)::
+
+    readers (sources.py)      -> Iterator[Span]              one normalised span at a time
+    assembly (assemble.py)    -> Iterator[RequestRecord]     one request (trace subtree) at a time
+    aggregation, rules, replay-> Report                       bounded by routes x stages
+
+Readers never hold a whole file: they yield :class:`Span` objects as they parse. Assembly
+groups spans of one trace in a bounded window and yields a :class:`RequestRecord` per SERVER
+span (or per root span when a trace has no SERVER span). Everything downstream of assembly
+keeps per-route/per-stage state only, plus a bounded reservoir of requests for the replay.
+
+Times are integer nanoseconds since the Unix epoch; derived durations are float
+milliseconds, like the span attributes (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Span kinds, normalised from OTLP integers (1..5) and Jaeger's ``span.kind`` tag.
+SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+
+
+@dataclass(slots=True)
+class Event:
+    """A span event (OTLP ``events[]``, Jaeger ``logs[]``)."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Span:
+    """One span, whatever format it came from.
+
+    Attributes:
+        trace_id: 32 lowercase hex characters, left-padded with zeros (Jaeger drops them).
+        span_id: 16 lowercase hex characters, left-padded.
+        parent_id: the parent's span id in the same form, or ``None`` for a root.
+        name: the span (operation) name.
+        kind: one of :data:`SPAN_KINDS`.
+        start_ns / end_ns: epoch nanoseconds; ``end_ns >= start_ns`` is *not* guaranteed
+            for hostile input: consumers clamp negative durations to zero.
+        service: the resource's ``service.name`` (Jaeger: the process's serviceName), or "".
+        attributes: flat attribute map with typed values (int, float, bool, str, list).
+        error: the span's status is ERROR (OTLP status.code 2, Jaeger ``error`` tag).
+        events: span events, in file order.
+    """
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    service: str = ""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    error: bool = False
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def duration_ms(self) -> float:
+        """Wall time in milliseconds, never negative."""
+        return max(0, self.end_ns - self.start_ns) / 1e6
+
+
+@dataclass(slots=True)
+class StageRecord:
+    """One tracekit stage span (or, for uninstrumented traces, one CLIENT/INTERNAL child).
+
+    The ``*_ms`` components are the stage's own (exclusive) share of its wall time, read from
+    the ``tracekit.*`` attributes; they are ``None`` when the span has no tracekit attributes.
+    """
+
+    name: str
+    kind: str  # a tracekit stage kind (semconv.STAGE_KINDS), or "client"/"internal" for plain OTel
+    span_id: str
+    parent_id: str | None
+    start_ns: int
+    end_ns: int
+    span_kind: str = "internal"
+    wall_ms: float = 0.0
+    cpu_ms: float | None = None
+    wait_ms: float | None = None
+    loop_wait_ms: float | None = None
+    children_ms: float | None = None
+    max_block_ms: float | None = None
+    on_loop: bool | None = None
+    blocked_at: str | None = None
+    code_function: str | None = None
+    code_namespace: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request: a SERVER span (or a root span) with its stages and other descendants.
+
+    ``instrumented`` is true when the request span carries tracekit attributes; then the
+    request-level components are the span's ``tracekit.*`` values. For plain OpenTelemetry
+    traces only ``route``, times, status and ``stages`` (its CLIENT/INTERNAL descendants) are
+    known.
+    """
+
+    trace_id: str
+    span_id: str
+    service: str
+    route: str
+    start_ns: int
+    end_ns: int
+    status_code: int | None = None
+    error: bool = False
+    instrumented: bool = False
+    cpu_ms: float | None = None
+    loop_wait_ms: float | None = None
+    model_wait_ms: float | None = None
+    io_wait_ms: float | None = None
+    overhead_ms: float | None = None
+    max_block_ms: float | None = None
+    blocked_at: str | None = None
+    ttfb_ms: float | None = None
+    ttft_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p95_ms: float | None = None
+    itl_max_ms: float | None = None
+    tpot_ms: float | None = None
+    chunks: int | None = None
+    inflight: int | None = None
+    stages: list[StageRecord] = field(default_factory=list)
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def wall_ms(self) -> float:
+        """End-to-end latency in milliseconds, never negative."""
+        return max(0, self.end_ns - self.start_ns) / 1e6

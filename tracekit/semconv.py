@@ -1,0 +1,102 @@
+"""Every span attribute name and stage kind tracekit writes or reads (DESIGN §2).
+
+Like OpenTelemetry's ``semconv`` packages: names live here and nowhere else, so a rename is
+one edit and a typo is an ``AttributeError``, not a silently missing attribute. The full
+meaning, unit and method of each attribute is in ``docs/attributes.md``. All durations are
+milliseconds as floats.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- stage kinds --------------------------------------------------------------------------
+KIND_TOKENIZE: Final = "tokenize"
+KIND_GUARDRAIL: Final = "guardrail"
+KIND_MODEL: Final = "model"
+KIND_SERIALIZE: Final = "serialize"
+KIND_OTHER: Final = "other"
+STAGE_KINDS: Final = (KIND_TOKENIZE, KIND_GUARDRAIL, KIND_MODEL, KIND_SERIALIZE, KIND_OTHER)
+
+# --- stage span (INTERNAL) ----------------------------------------------------------------
+STAGE: Final = "tracekit.stage"
+STAGE_KIND: Final = "tracekit.stage.kind"
+WALL_MS: Final = "tracekit.wall_ms"
+CPU_MS: Final = "tracekit.cpu_ms"
+WAIT_MS: Final = "tracekit.wait_ms"
+LOOP_WAIT_MS: Final = "tracekit.loop_wait_ms"
+MAX_BLOCK_MS: Final = "tracekit.max_block_ms"
+ON_LOOP: Final = "tracekit.on_loop"
+BLOCKED_AT: Final = "tracekit.blocked_at"
+# Time covered by child stages (wall = cpu + wait + loop_wait + children + consumer).
+CHILDREN_MS: Final = "tracekit.children_ms"
+# Async-generator stages: time the consumer held each yielded item (outside the stage's code).
+CONSUMER_MS: Final = "tracekit.consumer_ms"
+# Number of resumptions (steps) of the stage's code.
+STEPS: Final = "tracekit.steps"
+TOKENS: Final = "tracekit.tokens"
+CODE_FUNCTION: Final = "code.function"
+CODE_NAMESPACE: Final = "code.namespace"
+
+# Span event the watchdog adds when it caught a slice holding the loop.
+EVENT_BLOCKED: Final = "tracekit.blocked"
+EVENT_STACK: Final = "tracekit.stack"  # attribute of EVENT_BLOCKED: innermost frames, one per line
+EVENT_BLOCKED_MS: Final = "tracekit.blocked_ms"  # attribute: how long the slice had held the loop
+
+# --- request span (SERVER) ----------------------------------------------------------------
+MODEL_WAIT_MS: Final = "tracekit.model_wait_ms"
+IO_WAIT_MS: Final = "tracekit.io_wait_ms"
+OVERHEAD_MS: Final = "tracekit.overhead_ms"
+TTFB_MS: Final = "tracekit.ttfb_ms"
+TTFT_MS: Final = "tracekit.ttft_ms"
+ITL_P50_MS: Final = "tracekit.itl_p50_ms"
+ITL_P95_MS: Final = "tracekit.itl_p95_ms"
+ITL_MAX_MS: Final = "tracekit.itl_max_ms"
+TPOT_MS: Final = "tracekit.tpot_ms"
+CHUNKS: Final = "tracekit.chunks"
+INFLIGHT: Final = "tracekit.inflight"
+# The request span's own tracekit attributes reuse WALL_MS, CPU_MS, LOOP_WAIT_MS,
+# MAX_BLOCK_MS, ON_LOOP and BLOCKED_AT with request-wide meaning (sums; max over the request).
+
+# --- OpenTelemetry HTTP server semantic conventions (stable) -------------------------------
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_ROUTE: Final = "http.route"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+URL_PATH: Final = "url.path"
+URL_QUERY: Final = "url.query"
+URL_SCHEME: Final = "url.scheme"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+CLIENT_ADDRESS: Final = "client.address"
+CLIENT_PORT: Final = "client.port"
+NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
+USER_AGENT_ORIGINAL: Final = "user_agent.original"
+ERROR_TYPE: Final = "error.type"
+# Old (pre-1.21) names, read by the analyzer from traces made by older instrumentation.
+HTTP_METHOD_OLD: Final = "http.method"
+HTTP_STATUS_CODE_OLD: Final = "http.status_code"
+HTTP_TARGET_OLD: Final = "http.target"
+
+# --- OpenTelemetry GenAI semantic conventions ----------------------------------------------
+# Followed version: semantic conventions v1.37.0 (GenAI is "Development" status there).
+GENAI_SEMCONV_VERSION: Final = "1.37.0"
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"  # seconds
+
+# --- vLLM's own request spans (joined through traceparent) --------------------------------
+VLLM_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"  # seconds
+VLLM_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"  # seconds
+VLLM_LATENCY_E2E: Final = "gen_ai.latency.e2e"  # seconds
+VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"  # seconds
+VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"  # seconds
+
+# --- resource / scope ----------------------------------------------------------------------
+SERVICE_NAME: Final = "service.name"
+SCOPE_NAME: Final = "tracekit"
