@@ -1,0 +1,1 @@
+"""The analyzer: readers -> assembly -> aggregation, rules, replay -> Report (see model.py)."""

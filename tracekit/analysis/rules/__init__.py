@@ -1,0 +1,1 @@
+"""One module per rule id (DESIGN §4)."""

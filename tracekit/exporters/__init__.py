@@ -1,0 +1,1 @@
+"""SpanExporters tracekit ships: OTLP JSON Lines, console, memory."""

@@ -1,0 +1,1 @@
+"""Report renderers: text, HTML (JSON is Report.to_dict)."""
