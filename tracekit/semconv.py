@@ -34,6 +34,11 @@ CHILDREN_MS: Final = "tracekit.children_ms"
 CONSUMER_MS: Final = "tracekit.consumer_ms"
 # Number of resumptions (steps) of the stage's code.
 STEPS: Final = "tracekit.steps"
+# The stage's own slices on the event loop that lasted >= 1 ms, as a flat int array
+# [start_offset_us, duration_us, ...] relative to the span's start (at most 32 pairs, longest kept).
+LOOP_SLICES_US: Final = "tracekit.loop_slices_us"
+# Its estimated waits for the loop >= 1 ms, same encoding: ready -> resumed.
+LOOP_WAITS_US: Final = "tracekit.loop_waits_us"
 TOKENS: Final = "tracekit.tokens"
 CODE_FUNCTION: Final = "code.function"
 CODE_NAMESPACE: Final = "code.namespace"

@@ -94,6 +94,10 @@ class StageRecord:
     blocked_at: str | None = None
     code_function: str | None = None
     code_namespace: str | None = None
+    #: (start_ns, end_ns) absolute, from ``tracekit.loop_slices_us`` (slices >= 1 ms).
+    loop_slices: list[tuple[int, int]] = field(default_factory=list)
+    #: (ready_ns, resumed_ns) absolute, from ``tracekit.loop_waits_us`` (waits >= 1 ms).
+    loop_waits: list[tuple[int, int]] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -131,6 +135,9 @@ class RequestRecord:
     tpot_ms: float | None = None
     chunks: int | None = None
     inflight: int | None = None
+    #: The request's own code outside any stage (handler, framework): slices and waits as above.
+    loop_slices: list[tuple[int, int]] = field(default_factory=list)
+    loop_waits: list[tuple[int, int]] = field(default_factory=list)
     stages: list[StageRecord] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
 
