@@ -1,0 +1,77 @@
+"""Shared fixtures: a real uvicorn server on 127.0.0.1, recordings, leak checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tracekit import _loop, _runtime
+from tracekit._context import current_ledger
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks() -> Iterator[None]:
+    """Every test leaves no runtime, no open stage and no open step behind."""
+    before = _runtime.current
+    yield
+    assert current_ledger.get() is None, "a stage leaked into the test's context"
+    assert _loop.thread_state().top is None, "a step was left open on the test thread"
+    if _runtime.current is not before:
+        leaked = _runtime.current
+        _runtime.install(before)
+        if leaked is not None:
+            leaked.shutdown()
+        pytest.fail("the test left a tracekit runtime installed")
+
+
+class Server:
+    """A uvicorn server running ``app`` in a thread; ``url`` is its base URL."""
+
+    def __init__(self, app: Any, loop: str = "asyncio", **options: Any) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", loop=loop,
+                                lifespan=options.pop("lifespan", "auto"), **options)  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Server]]:
+    """``serve(app, loop="asyncio"|"uvloop")`` starts a real server; stopped after the test."""
+    servers: list[Server] = []
+
+    def start(app: Any, **options: Any) -> Server:
+        server = Server(app, **options)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def by_name(spans: list[Any]) -> dict[str, Any]:
+    """Spans keyed by name (names must be unique in the recording)."""
+    out: dict[str, Any] = {}
+    for span in spans:
+        assert span.name not in out, f"two spans named {span.name!r}"
+        out[span.name] = span
+    return out

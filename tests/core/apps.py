@@ -1,0 +1,86 @@
+"""Small instrumented apps the core tests serve with real uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+import tracekit
+
+
+def burn_cpu(ms: float) -> int:
+    """Pure-Python CPU work for about ``ms`` of wall time."""
+    end = time.perf_counter() + ms / 1000
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+@tracekit.stage("tokenize")
+def tokenize_cpu(ms: float) -> int:
+    return burn_cpu(ms)
+
+
+@tracekit.stage("model")
+async def model_sleep(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+async def cpu_on_loop(request: Request) -> JSONResponse:
+    tokenize_cpu(float(request.query_params.get("ms", "50")))
+    return JSONResponse({"ok": True})
+
+
+async def cpu_in_thread(request: Request) -> JSONResponse:
+    await asyncio.to_thread(tokenize_cpu, float(request.query_params.get("ms", "50")))
+    return JSONResponse({"ok": True})
+
+
+async def cpu_in_anyio_thread(request: Request) -> JSONResponse:
+    await anyio.to_thread.run_sync(tokenize_cpu, 20.0)
+    return JSONResponse({"ok": True})
+
+
+async def sleeper(request: Request) -> JSONResponse:
+    await model_sleep(float(request.query_params.get("s", "0.1")))
+    return JSONResponse({"ok": True})
+
+
+async def blocking_handler(request: Request) -> PlainTextResponse:
+    time.sleep(0.1)  # BLOCKING-LINE: the watchdog must blame this line
+    return PlainTextResponse("slept")
+
+
+async def stream(request: Request) -> StreamingResponse:
+    chunks = int(request.query_params.get("n", "20"))
+    gap = float(request.query_params.get("gap", "0.01"))
+
+    async def events():  # type: ignore[no-untyped-def]
+        for i in range(chunks):
+            await asyncio.sleep(gap)
+            yield f"data: {i}\n\n".encode()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def make_app() -> Starlette:
+    return Starlette(routes=[
+        Route("/cpu", cpu_on_loop),
+        Route("/cpu-thread", cpu_in_thread),
+        Route("/cpu-anyio", cpu_in_anyio_thread),
+        Route("/sleep", sleeper),
+        Route("/block", blocking_handler),
+        Route("/stream", stream),
+    ])  # fmt: skip
+
+
+def traced_app() -> tracekit.TracekitMiddleware:
+    return tracekit.TracekitMiddleware(make_app())

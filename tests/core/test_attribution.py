@@ -1,0 +1,136 @@
+"""Attribution with real uvicorn on 127.0.0.1 (DESIGN §1; issue 2 "Must show").
+
+Timing assertions are ratios and wide margins: these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+
+import httpx
+import pytest
+
+import tracekit
+from tracekit import semconv as sc
+
+from . import apps
+
+
+def _request_spans(spans: list, path: str) -> list:
+    return [s for s in spans if s.kind.name == "SERVER" and s.attributes.get(sc.URL_PATH) == path]
+
+
+def _children(spans: list, parent) -> list:  # type: ignore[no-untyped-def]
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def test_cpu_bound_sync_stage_on_the_loop(serve) -> None:  # type: ignore[no-untyped-def]
+    with tracekit.record() as rec:
+        server = serve(apps.traced_app())
+        assert httpx.get(f"{server.url}/cpu?ms=50").status_code == 200
+        spans = rec.spans
+    (request,) = _request_spans(spans, "/cpu")
+    (tokenize,) = _children(spans, request)
+    a = tokenize.attributes
+    assert a[sc.STAGE] == "tokenize" and a[sc.STAGE_KIND] == "tokenize"
+    assert a[sc.CPU_MS] / a[sc.WALL_MS] >= 0.8
+    assert a[sc.ON_LOOP] is True
+    assert a[sc.MAX_BLOCK_MS] >= 40
+    assert a[sc.CODE_FUNCTION] == "tokenize_cpu" and a[sc.CODE_NAMESPACE] == apps.__name__
+    assert request.attributes[sc.CPU_MS] >= a[sc.CPU_MS]
+    assert request.attributes[sc.MAX_BLOCK_MS] >= 40
+
+
+@pytest.mark.parametrize("path", ["/cpu-thread", "/cpu-anyio"])
+def test_cpu_bound_stage_in_a_worker_thread(serve, path: str) -> None:  # type: ignore[no-untyped-def]
+    with tracekit.record() as rec:
+        server = serve(apps.traced_app())
+        assert httpx.get(f"{server.url}{path}?ms=50").status_code == 200
+        spans = rec.spans
+    (request,) = _request_spans(spans, path)
+    (tokenize,) = _children(spans, request)  # attached to the request across the thread hop
+    a = tokenize.attributes
+    assert a[sc.ON_LOOP] is False
+    assert a[sc.CPU_MS] / a[sc.WALL_MS] >= 0.8  # its CPU is still counted
+    assert a[sc.MAX_BLOCK_MS] == 0  # it never held the loop
+    assert request.attributes[sc.CPU_MS] >= a[sc.CPU_MS]
+
+
+def test_async_stage_waiting(serve) -> None:  # type: ignore[no-untyped-def]
+    with tracekit.record() as rec:
+        server = serve(apps.traced_app())
+        assert httpx.get(f"{server.url}/sleep?s=0.1").status_code == 200
+        spans = rec.spans
+    (request,) = _request_spans(spans, "/sleep")
+    (model,) = _children(spans, request)
+    a = model.attributes
+    assert 70 <= a[sc.WAIT_MS] <= 130
+    assert a[sc.CPU_MS] < 5
+    assert request.attributes[sc.MODEL_WAIT_MS] == pytest.approx(a[sc.WAIT_MS])
+    overhead = request.attributes[sc.OVERHEAD_MS]
+    assert overhead == pytest.approx(request.attributes[sc.WALL_MS] - a[sc.WAIT_MS])
+
+
+def test_loop_wait_behind_another_request(serve) -> None:  # type: ignore[no-untyped-def]
+    """B sleeps 50 ms while A holds the loop for 200 ms: B waited ~150 ms for the loop."""
+    with tracekit.record() as rec:
+        server = serve(apps.traced_app())
+        results: dict[str, int] = {}
+
+        def call(name: str, path: str) -> None:
+            results[name] = httpx.get(f"{server.url}{path}", timeout=10).status_code
+
+        b = threading.Thread(target=call, args=("b", "/sleep?s=0.05"))
+        b.start()
+        time.sleep(0.01)  # B is asleep in its model stage before A starts burning
+        call("a", "/cpu?ms=200")
+        b.join()
+        assert results == {"a": 200, "b": 200}
+        spans = rec.spans
+    (request_b,) = _request_spans(spans, "/sleep")
+    (model_b,) = _children(spans, request_b)
+    assert model_b.attributes[sc.LOOP_WAIT_MS] == pytest.approx(150, rel=0.3)
+    assert model_b.attributes[sc.WAIT_MS] == pytest.approx(50, rel=0.3)
+    assert request_b.attributes[sc.LOOP_WAIT_MS] == pytest.approx(150, rel=0.3)
+
+
+def test_blocking_call_is_blamed_on_its_line(serve) -> None:  # type: ignore[no-untyped-def]
+    with tracekit.record() as rec:
+        server = serve(apps.traced_app())
+        assert httpx.get(f"{server.url}/block").text == "slept"
+        spans = rec.spans
+    (request,) = _request_spans(spans, "/block")
+    a = request.attributes
+    assert a[sc.MAX_BLOCK_MS] >= 80
+    assert a[sc.CPU_MS] < 10
+    source, first = inspect.getsourcelines(apps.blocking_handler)
+    line = first + next(i for i, text in enumerate(source) if "BLOCKING-LINE" in text)
+    assert a[sc.BLOCKED_AT] == f"tests/core/apps.py:{line} in blocking_handler"
+    (event,) = [e for e in request.events if e.name == sc.EVENT_BLOCKED]
+    assert f"apps.py:{line} in blocking_handler" in event.attributes[sc.EVENT_STACK]
+
+
+def test_streamed_reply_timing(serve) -> None:  # type: ignore[no-untyped-def]
+    with tracekit.record() as rec:
+        server = serve(apps.traced_app())
+        start = time.perf_counter()
+        client_ttft = None
+        with httpx.stream("GET", f"{server.url}/stream?n=20&gap=0.01") as response:
+            for chunk in response.iter_raw():
+                if chunk and client_ttft is None:
+                    client_ttft = (time.perf_counter() - start) * 1000
+        assert client_ttft is not None
+        spans = rec.spans
+    (request,) = _request_spans(spans, "/stream")
+    a = request.attributes
+    assert a[sc.CHUNKS] == 20
+    assert a[sc.ITL_P50_MS] == pytest.approx(10, rel=0.3)
+    assert a[sc.ITL_P95_MS] >= a[sc.ITL_P50_MS]
+    assert a[sc.ITL_MAX_MS] >= a[sc.ITL_P95_MS]
+    assert a[sc.TTFT_MS] <= client_ttft + 5
+    assert a[sc.TTFB_MS] <= a[sc.TTFT_MS]
+    # the span ends when the last chunk leaves: at least 20 gaps of ~10 ms after the start
+    assert a[sc.WALL_MS] >= 19 * 10 * 0.7
+    assert not [s for s in spans if s.name.startswith("http send")]  # no span per chunk

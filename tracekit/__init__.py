@@ -1,0 +1,39 @@
+"""tracekit: what exactly is slow on an LLM gateway's request path, and what fixes it.
+
+The public API (DESIGN §3)::
+
+    app = tracekit.TracekitMiddleware(app, service_name="gateway")
+    @tracekit.stage("tokenize") ...;  with tracekit.stage("guardrail"): ...
+    tracekit.configure(service_name="gateway", exporter="otlp")
+    with tracekit.record() as rec: ...;  rec.report()
+    tracekit.analyze("traces.jsonl")
+
+Importing tracekit loads the OpenTelemetry API only (no SDK, no web framework).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracekit.config import configure
+from tracekit.middleware import TracekitMiddleware
+from tracekit.recording import record
+from tracekit.stage import stage
+
+__all__ = ["TracekitMiddleware", "analyze", "configure", "record", "stage"]
+
+
+def analyze(source: Any, **options: Any) -> Any:
+    """Analyze traces and return a report (``tracekit.analysis.api.analyze``).
+
+    Args:
+        source: a trace file path (OTLP JSON/JSONL or Jaeger JSON), a Jaeger query URL, or
+            in-memory spans (``rec.spans``).
+        **options: ``route=``, ``slo=``, ``service=``, ``lookback=``, ``limit=``.
+
+    Returns:
+        A ``Report`` (``.findings``, ``.routes``, ``.to_dict()``, ``.to_text()``, ``.to_html()``).
+    """
+    from tracekit.analysis.api import analyze as _analyze
+
+    return _analyze(source, **options)

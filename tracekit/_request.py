@@ -1,0 +1,68 @@
+"""The compact per-request record kept on the hot path instead of live SDK spans.
+
+A request is recorded as plain integers and ledgers while it runs; its spans are built
+later, off the request path, by :mod:`tracekit._spans` (this is how tracekit stays far
+cheaper than one SDK span lifecycle per stage).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tracekit._accounting import Ledger
+
+# Span ids need uniqueness, not secrecy: the OpenTelemetry SDK's default generator uses this too.
+_bits = random.getrandbits
+
+
+def new_trace_id() -> int:
+    """A random non-zero 128-bit trace id."""
+    while True:
+        value = _bits(128)
+        if value:
+            return value
+
+
+def new_span_id() -> int:
+    """A random non-zero 64-bit span id."""
+    while True:
+        value = _bits(64)
+        if value:
+            return value
+
+
+class Request:
+    """Everything tracekit keeps about one request (or one stage tree outside any request)."""
+
+    __slots__ = (
+        "trace_id", "span_id", "parent_span_id", "remote_parent", "trace_state", "server",
+        "root", "ledgers", "scope", "status", "start", "ttfb", "chunk_first", "chunk_last",
+        "chunks", "gaps", "end", "error", "cancelled", "enrich", "inflight", "runtime", "root_path",
+    )  # fmt: skip
+
+    def __init__(self, runtime: Any, trace_id: int, parent_span_id: int | None,
+                 remote_parent: bool, trace_state: Any, server: bool) -> None:  # fmt: skip
+        self.runtime = runtime
+        self.trace_id = trace_id
+        self.span_id = new_span_id()
+        self.parent_span_id = parent_span_id
+        self.remote_parent = remote_parent
+        self.trace_state = trace_state
+        self.server = server  # emit a SERVER span (False: standalone stages, or enriching)
+        self.root: Ledger | None = None
+        self.ledgers: list[Ledger] = []
+        self.scope: dict[str, Any] | None = None
+        self.status = 0
+        self.start = 0
+        self.ttfb = 0
+        self.chunk_first = 0
+        self.chunk_last = 0
+        self.chunks = 0
+        self.gaps: list[int] | None = None
+        self.end = 0
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.enrich: Any = None  # an already-active server span we add attributes to
+        self.inflight = 0
+        self.root_path = ""  # the scope's root_path when the request arrived (before mounts)

@@ -1,0 +1,208 @@
+"""The process-wide tracing runtime: sampling, hand-off of finished requests, span building.
+
+Finished :class:`~tracekit._request.Request` records are appended to a deque on the request
+path (~0.1 µs) and turned into OpenTelemetry ``ReadableSpan`` objects on a background thread
+that wakes every ``DRAIN_INTERVAL_S`` (never per request: a wake-up per request would make the
+two threads fight for the GIL). The spans then go to the SDK span processor (a
+``BatchSpanProcessor`` exporting on its own thread) and to any active ``tracekit.record()``.
+
+Only ``configure()``/``record()`` create a runtime, and they import the SDK; this module
+imports the OpenTelemetry API only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections import deque
+from typing import Any, Callable
+
+from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from tracekit._failsafe import internal_error
+from tracekit._request import Request, new_trace_id
+
+DRAIN_INTERVAL_S = 0.05
+MAX_QUEUE = 20_000  # finished requests waiting for the drain thread; beyond this, drop (counted)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+class Runtime:
+    """Where finished requests go: an SDK span processor and/or in-memory recorders.
+
+    Args:
+        processor: an SDK ``SpanProcessor`` (``on_end``, ``force_flush``, ``shutdown``) or None.
+        resource: the SDK ``Resource`` for built spans.
+        sampler: an SDK ``Sampler``; None means parent-based always-on.
+        block_threshold_ms: the watchdog samples the loop's stack past this slice length.
+    """
+
+    def __init__(self, processor: Any, resource: Any, sampler: Any = None,
+                 block_threshold_ms: float = 20.0, owns_processor: bool = False) -> None:  # fmt: skip
+        self.processor = processor
+        self.resource = resource
+        self.sampler = sampler
+        self.always_on = sampler is None or _is_default_sampler(sampler)
+        self.block_threshold_ms = block_threshold_ms
+        self.owns_processor = owns_processor
+        self.recorders: list[Callable[[list[Any]], None]] = []
+        self.dropped = 0
+        self._queue: deque[Request] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._scope: Any = None
+        self.watchdog: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything receives spans."""
+        return self.processor is not None or bool(self.recorders)
+
+    # --- sampling ---------------------------------------------------------------------------
+    def sample(self, trace_id: int, parent: SpanContext | None, name: str) -> bool:
+        """The sampling decision for a new request or standalone stage tree."""
+        if self.recorders:
+            return True  # tests and the demo record everything
+        if self.always_on:
+            return parent is None or parent.trace_flags.sampled
+        try:
+            ctx = otel_trace.set_span_in_context(NonRecordingSpan(parent)) if parent else None
+            result = self.sampler.should_sample(ctx, trace_id, name, otel_trace.SpanKind.SERVER)
+            return bool(result.decision.is_sampled())
+        except Exception:
+            internal_error("sampler")
+            return True
+
+    # --- hand-off ---------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Queue a finished request for span building (request path: cheap, never blocks)."""
+        if len(self._queue) >= MAX_QUEUE:
+            self.dropped += 1
+            return
+        self._queue.append(request)
+        if self._thread is None:
+            self._start_thread()
+
+    def flush(self, timeout_ms: int = 30_000) -> None:
+        """Build spans for every queued request now, then flush the span processor."""
+        self._drain()
+        if self.processor is not None:
+            try:
+                self.processor.force_flush(timeout_ms)
+            except Exception:
+                internal_error("processor flush")
+
+    def shutdown(self) -> None:
+        """Drain, stop the drain thread and (if tracekit created it) the processor."""
+        self._stopped = True
+        self._wake.set()
+        self._drain()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.processor is not None and self.owns_processor:
+            try:
+                self.processor.shutdown()
+            except Exception:
+                internal_error("processor shutdown")
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            thread = threading.Thread(target=self._run, name="tracekit-spans", daemon=True)
+            self._thread = thread
+            thread.start()
+            atexit.register(self.shutdown)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(DRAIN_INTERVAL_S)
+            self._wake.clear()
+            self._drain()
+
+    def _drain(self) -> None:
+        from tracekit import _spans  # the SDK, only once something is recorded
+
+        with self._lock:
+            if self._scope is None:
+                self._scope = _spans.instrumentation_scope()
+            queue = self._queue
+            while queue:
+                request = queue.popleft()
+                try:
+                    spans = _spans.build(request, self.resource, self._scope)
+                except Exception:
+                    internal_error("span building")
+                    continue
+                self._deliver(spans)
+
+    def _deliver(self, spans: list[Any]) -> None:
+        processor = self.processor
+        if processor is not None:
+            for span in spans:
+                try:
+                    processor.on_end(span)
+                except Exception:
+                    internal_error("span processor")
+        for recorder in list(self.recorders):
+            try:
+                recorder(spans)
+            except Exception:
+                internal_error("recorder")
+
+
+def _is_default_sampler(sampler: Any) -> bool:
+    try:
+        return bool(sampler.get_description() == "ParentBased{root:AlwaysOnSampler,"
+                    "remoteParentSampled:AlwaysOnSampler,remoteParentNotSampled:AlwaysOffSampler,"
+                    "localParentSampled:AlwaysOnSampler,localParentNotSampled:AlwaysOffSampler}")
+    except Exception:
+        return False
+
+
+# --- the process-wide runtime ---------------------------------------------------------------
+current: Runtime | None = None
+
+
+def install(runtime: Runtime | None) -> Runtime | None:
+    """Make ``runtime`` the active one; returns the previous one."""
+    global current
+    previous, current = current, runtime
+    return previous
+
+
+def span_context_for(request: Request, span_id: int) -> Context:
+    """An OpenTelemetry context whose current span is ``span_id`` of ``request`` (for
+    propagation: outgoing calls made inside it carry this span as their parent)."""
+    span_context = SpanContext(request.trace_id, span_id, False, _SAMPLED, request.trace_state)
+    return otel_trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+def unsampled_context(trace_id: int, span_id: int, trace_state: Any) -> Context:
+    """Context for a request the sampler dropped: ids still propagate, flagged not sampled."""
+    span_context = SpanContext(trace_id, span_id, False, _NOT_SAMPLED, trace_state)
+    return otel_trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+def standalone_request() -> Request | None:
+    """A request record for a stage opened outside any request, or None if not recording.
+
+    Its parent is the application's current OpenTelemetry span, if any.
+    """
+    runtime = current
+    if runtime is None or not runtime.enabled:
+        return None
+    parent = otel_trace.get_current_span().get_span_context()
+    parent = parent if parent.is_valid else None
+    trace_id = parent.trace_id if parent else new_trace_id()
+    if not runtime.sample(trace_id, parent, "stage"):
+        return None
+    request = Request(runtime, trace_id, parent.span_id if parent else None,
+                      bool(parent and parent.is_remote), parent.trace_state if parent else None,
+                      server=False)  # fmt: skip
+    return request

@@ -1,0 +1,110 @@
+"""The watchdog: names the line that holds the event loop, while it holds it.
+
+A slow step reported after it ends can only point at the next ``await``; the culprit's frame
+is gone (why asyncio's debug mode and slow-callback loggers mislead). So a daemon thread
+polls each watched loop thread every ``threshold / 2``; when one outermost slice has held
+the loop longer than the threshold (default 20 ms), it samples that thread's stack with
+``sys._current_frames()`` and records, on the innermost open stage (or the request's own
+ledger), ``file:line in function`` plus a short stack. One sample per slice.
+
+The poll needs the GIL: a loop thread burning pure-Python CPU hands it over every
+``sys.getswitchinterval()`` (5 ms), so the sample comes at most that late; a thread blocked
+in ``time.sleep`` or I/O has released it already.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import weakref
+from types import FrameType
+
+from tracekit import _clock
+from tracekit._loop import ThreadState
+from tracekit._summary import short_path
+
+MAX_CATCHES = 4  # per ledger
+STACK_DEPTH = 12
+
+_TRACEKIT_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_DIRS = tuple(
+    {p for key in ("stdlib", "platstdlib", "purelib", "platlib")
+     if (p := sysconfig.get_paths().get(key))}
+)  # fmt: skip
+
+
+class Watchdog:
+    """Samples watched loop threads' stacks while one slice holds the loop too long."""
+
+    def __init__(self, threshold_ms: float = 20.0) -> None:
+        self.threshold_ns = int(threshold_ms * 1e6)
+        self._watched: weakref.WeakSet[ThreadState] = weakref.WeakSet()
+        self._sampled: dict[int, int] = {}  # thread ident -> slice seq already sampled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, state: ThreadState) -> None:
+        """Watch the loop thread owning ``state`` (idempotent); starts the thread lazily."""
+        if state in self._watched:
+            return
+        with self._lock:
+            self._watched.add(state)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tracekit-watchdog", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling (the thread exits within one interval)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        interval = max(self.threshold_ns / 2e9, 0.001)
+        while not self._stop.wait(interval):
+            now = _clock.wall_ns()
+            for state in list(self._watched):
+                start = state.slice_start
+                if start and now - start >= self.threshold_ns and self._sampled.get(state.ident) != state.seq:
+                    self._sample(state, now - start)
+
+    def _sample(self, state: ThreadState, held_ns: int) -> None:
+        seq = state.seq
+        frame = sys._current_frames().get(state.ident or 0)
+        ledger = state.top
+        if frame is None or ledger is None:
+            return
+        frames = _stack(frame)
+        if state.seq != seq or state.top is not ledger:
+            return  # the slice ended while we looked
+        self._sampled[state.ident or 0] = seq
+        if not frames:
+            return
+        blamed = _blame(frames)
+        stack = "\n".join(f"{short_path(f)}:{line} in {name}" for f, line, name in frames)
+        catches = ledger.blocked
+        if catches is None:
+            catches = ledger.blocked = []
+        if len(catches) < MAX_CATCHES:
+            catches.append((_clock.wall_ns(), held_ns / 1e6, blamed, stack))
+
+
+def _stack(frame: FrameType | None) -> list[tuple[str, int, str]]:
+    """Innermost-first (file, line, function), skipping tracekit's own frames."""
+    frames = []
+    while frame is not None and len(frames) < STACK_DEPTH:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_TRACEKIT_DIR):
+            frames.append((filename, frame.f_lineno or 0, frame.f_code.co_name))
+        frame = frame.f_back
+    return frames
+
+
+def _blame(frames: list[tuple[str, int, str]]) -> str:
+    """The innermost application frame (not the stdlib's or an installed package's)."""
+    for filename, line, name in frames:
+        if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
+            return f"{short_path(filename)}:{line} in {name}"
+    filename, line, name = frames[0]
+    return f"{short_path(filename)}:{line} in {name}"

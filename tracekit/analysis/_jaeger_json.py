@@ -1,0 +1,223 @@
+"""Jaeger JSON (query API v1, UI upload and download) -> :class:`Span`.
+
+Shapes: the ``/api/traces`` envelope ``{"data": [trace, ...], "errors": ...}``, a bare trace
+``{"traceID", "spans", "processes"}``, or an array of traces. Times are integer microseconds,
+ids are hex with leading zeros dropped, the kind and the error flag are tags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from tracekit.analysis._source_common import (
+    KIND_BY_NAME,
+    MAX_ATTRIBUTES,
+    MAX_NS,
+    MAX_VALUE_CHARS,
+    SPAN_ERRORS,
+    BadSpan,
+    ReadStats,
+    check_times,
+    clip,
+    one_line,
+    parent_id,
+    short,
+    span_id,
+    trace_id,
+)
+from tracekit.analysis.model import Event, Span
+from tracekit.errors import TraceFormatError
+
+_KIND_TAG = "span.kind"
+_ERROR_TAG = "error"
+_FORMAT_TAG = "internal.span.format"  # Jaeger's own bookkeeping, not the application's
+_EVENT_FIELD = "event"  # OTel -> Jaeger conversion puts the event name in this log field
+
+
+def is_jaeger(doc: object) -> bool:
+    """Whether a parsed document is Jaeger JSON (envelope, bare trace, or array of traces)."""
+    if type(doc) is list:
+        return True
+    return type(doc) is dict and ("data" in doc or "spans" in doc)
+
+
+def jaeger_spans(doc: Any, stats: ReadStats, where: str) -> Iterator[Span]:
+    """Yield the spans of a Jaeger JSON document, skipping (and counting) malformed ones.
+
+    Args:
+        doc: a parsed envelope, bare trace, or array of traces.
+        stats: receives skip and truncation counts.
+        where: the document's location for messages.
+
+    Returns:
+        An iterator of spans in file order.
+
+    Raises:
+        TraceFormatError: the envelope, a trace or its span list has the wrong shape.
+    """
+    if type(doc) is dict and "spans" not in doc:
+        traces = doc.get("data")
+        if traces is None:
+            errors = one_line(str(doc.get("errors")), 200)
+            raise TraceFormatError(f"{where}: Jaeger envelope holds no data (errors: {errors})")
+        if type(traces) is not list:
+            raise TraceFormatError(f"{where}: Jaeger envelope 'data' is not a list")
+        label = "data[{}]"
+    elif type(doc) is list:
+        traces, label = doc, "[{}]"
+    else:
+        traces, label = [doc], "trace"
+    for t, trace in enumerate(traces):
+        yield from _trace_spans(trace, stats, f"{where}: {label.format(t)}")
+
+
+def _trace_spans(trace: object, stats: ReadStats, where: str) -> Iterator[Span]:
+    if type(trace) is not dict:
+        raise TraceFormatError(f"{where} is not a Jaeger trace object")
+    spans = trace.get("spans")
+    if type(spans) is not list:
+        raise TraceFormatError(f"{where}: 'spans' is not a list")
+    services = _services(trace.get("processes"))
+    default_trace = trace.get("traceID")
+    for i, raw in enumerate(spans):
+        try:
+            yield _span(raw, default_trace, services, stats)
+        except (BadSpan, *SPAN_ERRORS) as exc:
+            stats.skip(f"{where}.spans[{i}]", exc)
+
+
+def _services(processes: object) -> dict[str, str]:
+    if type(processes) is not dict:
+        return {}
+    return {
+        pid: _service_name(process)
+        for pid, process in processes.items()
+        if type(pid) is str and type(process) is dict
+    }
+
+
+def _service_name(process: object) -> str:
+    name = process.get("serviceName", "") if type(process) is dict else ""
+    return name if type(name) is str else ""
+
+
+def _span(raw: dict[str, Any], default_trace: object, services: dict[str, str],
+          stats: ReadStats) -> Span:
+    start = _int(raw["startTime"]) * 1000
+    duration = _int(raw["duration"]) * 1000
+    if duration < 0:
+        raise BadSpan(f"negative duration ({duration} ns)")
+    end = start + duration
+    check_times(start, end)
+    name = raw.get("operationName", "")
+    if type(name) is not str:
+        raise BadSpan(f"operationName {short(name)} is not a string")
+    attrs, kind, error = _tags(raw.get("tags"), stats)
+    process = raw.get("process")
+    if process is not None:
+        service = _service_name(process)
+    else:
+        service = services.get(raw.get("processID", ""), "")
+    logs = raw.get("logs")
+    return Span(
+        trace_id(raw.get("traceID", default_trace)),
+        span_id(raw["spanID"]),
+        _parent(raw),
+        name,
+        kind,
+        start,
+        end,
+        service,
+        attrs,
+        error,
+        _events(logs, stats) if logs else [],
+    )
+
+
+def _int(value: object) -> int:
+    if type(value) is int:
+        return value
+    raise BadSpan(f"{short(value)} is not an integer number of microseconds")
+
+
+def _parent(raw: dict[str, Any]) -> str | None:
+    # The parent is the CHILD_OF reference; a span with only FOLLOWS_FROM links hangs off
+    # the first of them. Some exporters write a flat parentSpanID instead.
+    refs = raw.get("references")
+    if not refs:
+        return parent_id(raw.get("parentSpanID"))
+    follows = None
+    for ref in refs:
+        ref_type = ref.get("refType", "CHILD_OF")
+        if ref_type == "CHILD_OF":
+            return parent_id(ref["spanID"])
+        if follows is None and ref_type == "FOLLOWS_FROM":
+            follows = ref
+    return None if follows is None else parent_id(follows["spanID"])
+
+
+def _tags(tags: object, stats: ReadStats) -> tuple[dict[str, Any], str, bool]:
+    # Span tags: the span.kind and error tags become the span's kind and error flag.
+    kind = "unspecified"
+    error = False
+    attrs = _fields(tags, stats)
+    if _KIND_TAG in attrs:
+        value = attrs.pop(_KIND_TAG)
+        kind = KIND_BY_NAME.get(value, kind) if type(value) is str else kind
+    if _ERROR_TAG in attrs:
+        value = attrs.pop(_ERROR_TAG)
+        error = value is True or (type(value) is str and value.lower() == "true")
+    attrs.pop(_FORMAT_TAG, None)
+    return attrs, kind, error
+
+
+def _fields(tags: object, stats: ReadStats) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    if not tags:
+        return attrs
+    if type(tags) is not list:
+        raise BadSpan("tags is not a list")
+    if len(tags) > MAX_ATTRIBUTES:
+        stats.truncated += 1
+        tags = tags[:MAX_ATTRIBUTES]
+    for tag in tags:
+        key = tag["key"]
+        if type(key) is not str:
+            raise BadSpan(f"tag key {short(key)} is not a string")
+        attrs[key] = _tag_value(tag, stats)
+    return attrs
+
+
+def _tag_value(tag: dict[str, Any], stats: ReadStats) -> Any:
+    value = tag["value"]
+    kind = tag.get("type", "string")
+    vtype = type(value)
+    if vtype is str:
+        if kind == "int64":
+            return int(value)
+        if kind == "float64":
+            return float(value)
+        if kind == "bool":
+            return value.lower() == "true"
+        return clip(value, stats) if len(value) > MAX_VALUE_CHARS else value
+    if vtype is bool or vtype is int:
+        return float(value) if kind == "float64" else value
+    if vtype is float:
+        return value
+    raise BadSpan(f"tag {tag['key']}: value {short(value)} is not a scalar")
+
+
+def _events(logs: object, stats: ReadStats) -> list[Event]:
+    if type(logs) is not list:
+        raise BadSpan("logs is not a list")
+    events = []
+    for log in logs:
+        time_ns = _int(log["timestamp"]) * 1000
+        if not 0 <= time_ns <= MAX_NS:
+            raise BadSpan(f"log timestamp {time_ns} out of range")
+        attrs = _fields(log.get("fields"), stats)
+        name = attrs.pop(_EVENT_FIELD, "log")
+        events.append(Event(name if type(name) is str else str(name), time_ns, attrs))
+    return events
+

@@ -1,0 +1,145 @@
+"""What the trace readers share: id and time normalisation, value limits, skip accounting.
+
+Readers turn each malformed span into :class:`BadSpan` (or let a ``KeyError``/``TypeError``/
+``ValueError`` escape from the per-span conversion), skip it and count it in
+:class:`ReadStats`; only a document of the wrong shape as a whole stops the read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracekit.analysis.model import SPAN_KINDS
+
+#: String attribute values longer than this are cut (a prompt can be megabytes; the analyzer
+#: needs none of it, and assembly holds a window of spans in memory).
+MAX_VALUE_CHARS = 65_536
+#: Longest array attribute kept, and deepest nesting of array/kvlist values accepted.
+MAX_ARRAY_ITEMS = 4_096
+MAX_VALUE_DEPTH = 32
+#: At most this many attributes per span are kept (the OTel SDK's default limit is 128).
+MAX_ATTRIBUTES = 1_024
+#: Times beyond this (ns) are not real timestamps and would overflow float arithmetic.
+MAX_NS = 2**64 - 1
+#: How many skip reasons ReadStats keeps as examples.
+MAX_REASONS = 10
+
+#: Exceptions a per-span conversion may raise on hostile input; the span is then skipped.
+SPAN_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
+
+KIND_BY_NAME = {name: name for name in SPAN_KINDS}
+_ZEROS = {16: "0" * 16, 32: "0" * 32}
+# raw id -> normalised id. Trace ids repeat on every span of a trace and parent ids repeat
+# on every sibling, so most lookups hit; cleared when full to bound memory.
+_TRACE_IDS: dict[object, str] = {}
+_SPAN_IDS: dict[object, str] = {}
+_CACHE_MAX = 1 << 16
+
+
+class BadSpan(Exception):
+    """One span is malformed: the reader skips it and counts it."""
+
+
+@dataclass
+class ReadStats:
+    """What a read skipped or changed, filled in while the spans are iterated.
+
+    Attributes:
+        format: the detected input format ("otlp-json", "otlp-jsonl", "jaeger-json",
+            "jaeger-jsonl", "jaeger-api", "memory"), or "" before the first document is read.
+        skipped: malformed spans that were skipped (bad or missing ids, times, types).
+        truncated: attribute values or attribute lists that were cut to the limits above.
+        reasons: the first few skip reasons, each naming where the span was.
+    """
+
+    format: str = ""
+    skipped: int = 0
+    truncated: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def skip(self, where: str, exc: BaseException) -> None:
+        """Count one skipped span.
+
+        Args:
+            where: the span's location, e.g. ``"line 3, span 2"``.
+            exc: why it was skipped.
+        """
+        self.skipped += 1
+        if len(self.reasons) < MAX_REASONS:
+            why = str(exc) if isinstance(exc, BadSpan) else f"{type(exc).__name__}: {exc}"
+            self.reasons.append(one_line(f"{where}: {why}", 200))
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` with line breaks replaced and cut to ``limit`` characters (for messages)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _normalise(raw: object, width: int) -> str:
+    # Jaeger drops leading zeros (15/31 chars), OTLP may be uppercase: pad, then let
+    # bytes.fromhex validate and .hex() lowercase in one C call.
+    if type(raw) is not str or not 0 < len(raw) <= width:
+        raise BadSpan(f"id {short(raw)} is not {width} hex digits")
+    try:
+        norm = bytes.fromhex(raw.rjust(width, "0")).hex()
+    except ValueError:
+        raise BadSpan(f"id {short(raw)} is not hex") from None
+    if len(norm) != width or norm == _ZEROS[width]:
+        raise BadSpan(f"id {short(raw)} is not a valid {width}-digit id")
+    return norm
+
+
+def trace_id(raw: object) -> str:
+    """Normalise a trace id to 32 lowercase hex digits; raise BadSpan if it is not one."""
+    hit = _TRACE_IDS.get(raw)
+    if hit is None:
+        hit = _normalise(raw, 32)
+        if len(_TRACE_IDS) >= _CACHE_MAX:
+            _TRACE_IDS.clear()
+        _TRACE_IDS[raw] = hit
+    return hit
+
+
+def span_id(raw: object) -> str:
+    """Normalise a span id to 16 lowercase hex digits; raise BadSpan if it is not one."""
+    hit = _SPAN_IDS.get(raw)
+    if hit is None:
+        hit = _normalise(raw, 16)
+        if len(_SPAN_IDS) >= _CACHE_MAX:
+            _SPAN_IDS.clear()
+        _SPAN_IDS[raw] = hit
+    return hit
+
+
+def parent_id(raw: object) -> str | None:
+    """Normalise a parent span id; ``None``, ``""`` and all zeros mean no parent."""
+    if not raw:
+        return None
+    hit = _SPAN_IDS.get(raw)
+    if hit is not None:
+        return hit
+    if type(raw) is str and not raw.strip("0"):
+        return None
+    return span_id(raw)
+
+
+def check_times(start: int, end: int) -> None:
+    """Raise BadSpan unless ``0 < start <= end <= MAX_NS``."""
+    if not 0 < start <= end <= MAX_NS:
+        if end < start:
+            raise BadSpan(f"negative duration ({end - start} ns)")
+        raise BadSpan(f"time out of range ({start}..{end} ns)")
+
+
+def clip(value: str, stats: ReadStats) -> str:
+    """Cut an over-long string value to MAX_VALUE_CHARS, saying so in the value."""
+    stats.truncated += 1
+    cut = len(value) - MAX_VALUE_CHARS
+    return f"{value[:MAX_VALUE_CHARS]}…[{cut} more characters cut by tracekit]"
+
+
+def short(raw: object) -> str:
+    """A short printable form of a raw value, for skip reasons."""
+    text = repr(raw)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,261 @@
+"""Findings as data: what a rule found, the fix it proposes, and the projected gain.
+
+A rule (``tracekit.analysis.rules``) reads the request sample and returns :class:`Finding`
+objects; renderers only read :meth:`Finding.to_dict`. A finding's projection comes from the
+replay model (``tracekit.analysis.replay``) through :attr:`RuleContext.project`, with a
+:class:`Fix` that says which transformation of the recorded requests the proposed code
+corresponds to.
+
+Severity (report contract): ``high`` when the impact is at least 20% of the route's p50
+latency or at least 50 ms, ``medium`` at least 5%, else ``low``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.analysis.model import RequestRecord
+from tracekit.errors import ConfigurationError
+
+#: Severities, least severe first.
+SEVERITIES = ("low", "medium", "high")
+_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+
+#: Severity thresholds (report contract): fraction of the route's p50, and absolute ms.
+HIGH_FRACTION = 0.20
+HIGH_MS = 50.0
+MEDIUM_FRACTION = 0.05
+
+#: What a :class:`Fix` can do to the recorded requests (see ``docs/analyzer-rules.md``).
+FIX_ACTIONS = ("thread", "process", "shrink", "gather", "fanout", "model_overlap")
+
+
+def severity_at_least(severity: str, threshold: str) -> bool:
+    """Whether ``severity`` is at or above ``threshold``.
+
+    Args:
+        severity: one of :data:`SEVERITIES`.
+        threshold: one of :data:`SEVERITIES`.
+
+    Returns:
+        ``True`` when ``severity`` ranks at least as high as ``threshold``.
+
+    Raises:
+        ConfigurationError: either value is not a known severity.
+    """
+    for value in (severity, threshold):
+        if value not in _RANK:
+            raise ConfigurationError(
+                f"unknown severity {value!r}; expected one of {', '.join(SEVERITIES)}"
+            )
+    return _RANK[severity] >= _RANK[threshold]
+
+
+def severity_for(impact_ms: float, route_p50_ms: float | None) -> str:
+    """The severity of a finding from its impact (report contract thresholds).
+
+    Args:
+        impact_ms: the measured or projected latency the defect costs, per request.
+        route_p50_ms: the route's median latency; ``None`` or 0 when unknown.
+
+    Returns:
+        ``"high"``, ``"medium"`` or ``"low"``.
+    """
+    if impact_ms >= HIGH_MS:
+        return "high"
+    if route_p50_ms and route_p50_ms > 0:
+        share = impact_ms / route_p50_ms
+        if share >= HIGH_FRACTION:
+            return "high"
+        if share >= MEDIUM_FRACTION:
+            return "medium"
+    return "low"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A transformation of the recorded requests that models a proposed code change.
+
+    Attributes:
+        action: one of :data:`FIX_ACTIONS`:
+
+            - ``thread``: the stage's event-loop slices run on the thread pool instead
+              (``asyncio.to_thread``); their CPU holds the GIL unless ``gil_free``.
+            - ``process``: the slices run in a process pool (no GIL, ``cores`` in parallel).
+            - ``shrink``: the slices' CPU is multiplied by ``factor`` (a faster library).
+            - ``gather``: the stage and the later sibling stage ``other`` start together
+              (speculative start); what ran between them runs before ``other`` as before.
+            - ``fanout``: the stage's repeated sequential calls (same name, same parent)
+              start together.
+            - ``model_overlap``: calls of the model stage no longer wait for each other:
+              the recorded one-at-a-time server (or lock) gets ``capacity`` slots.
+        route: the route whose requests change (the event loop is shared by all routes).
+        stage: the stage name; ``None`` means the request's own code outside any stage.
+        gil_free: ``thread`` only: the moved work releases the GIL.
+        factor: ``shrink`` only: the new CPU as a fraction of the recorded one.
+        other: ``gather`` only: the stage started together with ``stage``.
+        capacity: ``model_overlap`` only: concurrent calls after the fix (``None``: no limit).
+        queue: ``model_overlap`` only: where the recorded waiting sits: ``"inside"`` the model
+            stage (a one-at-a-time model server) or ``"outside"`` it (a lock or a blocking
+            client in the gateway, before the stage starts).
+    """
+
+    action: str
+    route: str
+    stage: str | None
+    gil_free: bool = False
+    factor: float = 1.0
+    other: str | None = None
+    capacity: int | None = None
+    queue: str = "inside"
+
+    def __post_init__(self) -> None:
+        if self.action not in FIX_ACTIONS:
+            raise ConfigurationError(
+                f"unknown fix action {self.action!r}; expected one of {', '.join(FIX_ACTIONS)}"
+            )
+        if not 0.0 <= self.factor <= 1.0:
+            raise ConfigurationError(f"fix factor must be within [0, 1], not {self.factor}")
+        if self.action == "gather" and not self.other:
+            raise ConfigurationError("a gather fix needs the other stage's name")
+        if self.capacity is not None and self.capacity < 1:
+            raise ConfigurationError(f"model capacity must be >= 1, not {self.capacity}")
+        if self.queue not in ("inside", "outside"):
+            raise ConfigurationError(f"queue must be 'inside' or 'outside', not {self.queue!r}")
+
+
+#: ``project(requests, fix) -> (projection dict | None, note | None)``.
+ProjectFn = Callable[
+    [Sequence[RequestRecord], Fix], tuple[dict[str, list[float]] | None, str | None]
+]
+
+
+def default_thread_pool_size() -> int:
+    """asyncio's default executor size: ``min(32, os.cpu_count() + 4)``."""
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+@dataclass
+class RuleContext:
+    """What every rule gets besides the requests.
+
+    Attributes:
+        thread_pool_size: worker threads of the default executor (``asyncio.to_thread``).
+        cores: CPU cores available to the gateway process and its process pool.
+        route: report findings for this route only (the replay still uses every route:
+            they share the event loop).
+        project: the replay's ``project(requests, fix)``; by default a
+            :class:`tracekit.analysis.replay.Replayer` built from ``thread_pool_size`` and
+            ``cores``, which caches its baseline replays per request sample.
+        routes: the aggregator's route statistics, if the caller has them (unused by the
+            rules, which compute what they need from the sample).
+        slo: the SLO targets, if any (informational).
+        cache: per-sample memo shared by the rules (e.g. the event-loop index).
+    """
+
+    thread_pool_size: int = field(default_factory=default_thread_pool_size)
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    route: str | None = None
+    project: ProjectFn | None = None
+    routes: list[dict[str, Any]] | None = None
+    slo: Any = None
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.thread_pool_size < 1:
+            raise ConfigurationError(f"thread_pool_size must be >= 1, not {self.thread_pool_size}")
+        if self.cores < 1:
+            raise ConfigurationError(f"cores must be >= 1, not {self.cores}")
+        if self.project is None:
+            # Imported here: replay imports this module for Fix.
+            from tracekit.analysis.replay import ReplayConfig, Replayer
+
+            config = ReplayConfig(thread_pool_size=self.thread_pool_size, cores=self.cores)
+            self.project = Replayer(config).project
+
+
+@dataclass
+class Finding:
+    """One defect on one route, with its evidence, fix and projected gain.
+
+    Attributes:
+        rule: the rule id (``cpu-on-loop``, ...).
+        route: the route it was found on.
+        stage: the stage name, or ``None`` for the request's own code / the whole route.
+        function: ``code.namespace + "." + code.function`` of the stage, when known.
+        severity: ``"high"``, ``"medium"`` or ``"low"`` (:func:`severity_for`).
+        impact_ms: the latency the defect costs per request, measured (or projected).
+        evidence: one sentence with the numbers that show it.
+        fix_title: what to change, in a line.
+        fix_code: the change, as code written for this stage.
+        projection: ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...]}``
+            from the replay, or ``None``.
+        projection_note: why there is no projection (``None`` when there is one).
+    """
+
+    rule: str
+    route: str
+    stage: str | None
+    function: str | None
+    severity: str
+    impact_ms: float
+    evidence: str
+    fix_title: str
+    fix_code: str
+    projection: dict[str, list[float]] | None = None
+    projection_note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report contract's ``findings[]`` item (``fix`` as ``{"title", "code"}``)."""
+        return {
+            "rule": self.rule,
+            "route": self.route,
+            "stage": self.stage,
+            "function": self.function,
+            "severity": self.severity,
+            "impact_ms": round(self.impact_ms, 3),
+            "evidence": self.evidence,
+            "fix": {"title": self.fix_title, "code": self.fix_code},
+            "projection": self.projection,
+            "projection_note": self.projection_note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        """Rebuild a finding from :meth:`to_dict` output (missing keys get defaults).
+
+        Args:
+            data: a ``findings[]`` item of a ``tracekit.report/1`` report.
+
+        Returns:
+            The finding.
+
+        Raises:
+            ConfigurationError: ``data`` is not a mapping, or has no ``rule``.
+        """
+        if not isinstance(data, Mapping) or not data.get("rule"):
+            raise ConfigurationError("a finding needs at least a 'rule' key")
+        fix = data.get("fix")
+        fix = fix if isinstance(fix, Mapping) else {}
+        severity = str(data.get("severity", "low"))
+        projection = data.get("projection")
+        return cls(
+            rule=str(data["rule"]),
+            route=str(data.get("route", "")),
+            stage=_opt_str(data.get("stage")),
+            function=_opt_str(data.get("function")),
+            severity=severity if severity in _RANK else "low",
+            impact_ms=float(data.get("impact_ms") or 0.0),
+            evidence=str(data.get("evidence", "")),
+            fix_title=str(fix.get("title", "")),
+            fix_code=str(fix.get("code", "")),
+            projection=dict(projection) if isinstance(projection, Mapping) else None,
+            projection_note=_opt_str(data.get("projection_note")),
+        )
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,136 @@
+"""Streaming percentiles in bounded memory.
+
+:class:`Quantiles` keeps every value exactly while there are at most ``EXACT_LIMIT`` of them
+(percentiles by linear interpolation between the closest ranks, like numpy's default), then
+switches to a logarithmic histogram (the DDSketch mapping): a value ``v > 0`` goes to bucket
+``ceil(log(v) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``, and a bucket reports
+``2 * gamma**i / (gamma + 1)``, which is within a relative error ``a`` = 1% of every value in
+the bucket. The rank is found by walking the buckets in order, so a percentile from the
+histogram is within 1% of *some* value whose rank is the requested one (the nearest-rank
+percentile), and clamped to the exact minimum and maximum. Memory: at most ``EXACT_LIMIT``
+floats, then one counter per occupied bucket (about 115 buckets per decade of values).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+#: Values kept exactly before switching to the histogram.
+EXACT_LIMIT = 2048
+#: Relative error of the histogram.
+RELATIVE_ERROR = 0.01
+_GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
+_LOG_GAMMA = math.log(_GAMMA)
+# Values at or below this (in the caller's unit, ms: one femtosecond) count as zero.
+_ZERO = 1e-12
+
+
+class Quantiles:
+    """Percentiles of a stream of non-negative numbers (see the module docstring for the method).
+
+    Cost: ``add`` is O(1) amortised; ``quantile`` sorts the exact values or the occupied
+    buckets, O(n log n) for at most ``EXACT_LIMIT`` items.
+    """
+
+    __slots__ = ("_buckets", "_exact", "_sorted", "_zeros", "count", "max", "min", "total")
+
+    def __init__(self) -> None:
+        self._exact: array[float] | None = array("d")
+        self._buckets: dict[int, int] = {}
+        self._zeros = 0
+        self._sorted = True
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, value: float) -> None:
+        """Record one value.
+
+        Args:
+            value: a finite number; negative values are clamped to zero.
+        """
+        if value < 0:
+            value = 0.0
+        self.count += 1
+        self.total += value
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+        exact = self._exact
+        if exact is not None:
+            exact.append(value)
+            self._sorted = False
+            if len(exact) > EXACT_LIMIT:
+                self._exact = None
+                for v in exact:
+                    self._bucket(v)
+            return
+        self._bucket(value)
+
+    def _bucket(self, value: float) -> None:
+        if value <= _ZERO:
+            self._zeros += 1
+            return
+        index = math.ceil(math.log(value) / _LOG_GAMMA)
+        self._buckets[index] = self._buckets.get(index, 0) + 1
+
+    @property
+    def exact(self) -> bool:
+        """Whether percentiles are still computed from every value."""
+        return self._exact is not None
+
+    @property
+    def mean(self) -> float | None:
+        """The arithmetic mean (always exact), or ``None`` when empty."""
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q``-quantile.
+
+        Args:
+            q: between 0 and 1 (0.95 for p95).
+
+        Returns:
+            The percentile, or ``None`` when no value was recorded.
+        """
+        if not self.count:
+            return None
+        exact = self._exact
+        if exact is not None:
+            if not self._sorted:
+                self._exact = exact = array("d", sorted(exact))
+                self._sorted = True
+            position = q * (len(exact) - 1)
+            low = math.floor(position)
+            high = min(low + 1, len(exact) - 1)
+            return exact[low] + (exact[high] - exact[low]) * (position - low)
+        rank = q * (self.count - 1)
+        seen = self._zeros
+        if rank < seen:
+            return max(0.0, self.min)
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            if rank < seen:
+                estimate = 2 * _GAMMA**index / (_GAMMA + 1)
+                return min(max(estimate, self.min), self.max)
+        return self.max
+
+    def summary(self, keys: tuple[str, ...] = ("p50", "p95")) -> dict[str, float | None]:
+        """Named percentiles, for the report.
+
+        Args:
+            keys: names like ``"p50"``, ``"p99"`` and ``"max"``.
+
+        Returns:
+            ``{key: value in the recorded unit or None}``.
+        """
+        out: dict[str, float | None] = {}
+        for key in keys:
+            if key == "max":
+                out[key] = self.max if self.count else None
+            else:
+                out[key] = self.quantile(float(key[1:]) / 100)
+        return out

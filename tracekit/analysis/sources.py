@@ -1,0 +1,277 @@
+"""Readers: every trace source tracekit supports, as one stream of normalised spans.
+
+``read_spans(source)`` takes
+
+- a path to an **OTLP JSON** file: a bare ``TracesData`` / ``ExportTraceServiceRequest``,
+  JSON Lines with one ``TracesData`` per line (the OTel file exporter, tracekit's ``jsonl``
+  exporter), or the Jaeger API v3 ``{"result": {...}}`` envelope;
+- a path to a **Jaeger JSON** file: the ``/api/traces`` envelope ``{"data": [...]}``, a bare
+  trace, an array of traces (the UI's download), or JSON Lines of those;
+- an ``http://`` / ``https://`` URL: the **Jaeger query API** base (``service`` required);
+- an iterable of in-memory spans: OpenTelemetry SDK ``ReadableSpan`` objects (duck-typed,
+  no OpenTelemetry import) or :class:`~tracekit.analysis.model.Span` objects (passed through).
+
+Files may be gzip-compressed. JSON Lines are parsed one line at a time, so memory does not
+grow with the file; a single JSON document is parsed whole and then yielded span by span.
+
+Errors: argument errors (:class:`ConfigurationError`) and a missing, unreadable or directory
+path (:class:`SourceNotFoundError`) raise when ``read_spans`` is called; everything else
+raises while iterating, as one-line :class:`SourceNotFoundError` / :class:`TraceFormatError`
+messages naming the file (and line) or URL. Malformed individual spans are skipped and
+counted in the stream's :class:`ReadStats` (``stream.stats.skipped``), never raised.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import zlib
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any, cast
+
+import orjson
+
+from tracekit.analysis._jaeger_api import fetch, is_url, query_url
+from tracekit.analysis._jaeger_json import is_jaeger, jaeger_spans
+from tracekit.analysis._otlp_json import is_otlp, otlp_spans
+from tracekit.analysis._sdk_spans import memory_spans
+from tracekit.analysis._source_common import SPAN_ERRORS, ReadStats, one_line
+from tracekit.analysis.model import Span
+from tracekit.errors import (
+    ConfigurationError,
+    SourceNotFoundError,
+    TraceFormatError,
+    TracekitError,
+)
+
+__all__ = ["FORMATS", "ReadStats", "SpanStream", "detect_format", "read_spans"]
+
+#: What :func:`detect_format` returns for files.
+FORMATS = ("otlp-json", "otlp-jsonl", "jaeger-json", "jaeger-jsonl")
+_DEFAULT_LOOKBACK = "1h"
+_BOM = b"\xef\xbb\xbf"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class SpanStream(Iterator[Span]):
+    """The spans of one source, read lazily as they are iterated.
+
+    Attributes:
+        source: what is read, for reports: the path as given, the URL, or ``"memory"``.
+        stats: skip and truncation counts and the detected format, filled in as the
+            stream is consumed (complete once it is exhausted).
+    """
+
+    def __init__(self, spans: Iterator[Span], source: str, stats: ReadStats) -> None:
+        self._spans = spans
+        self.source = source
+        self.stats = stats
+
+    def __iter__(self) -> Iterator[Span]:
+        # The underlying generator itself, so that a for loop pays no extra call per span.
+        return self._spans
+
+    def __next__(self) -> Span:
+        return next(self._spans)
+
+    def close(self) -> None:
+        """Stop reading and release the file (also done when the stream is collected)."""
+        close = getattr(self._spans, "close", None)
+        if close is not None:
+            close()
+
+
+def read_spans(source: str | os.PathLike[str] | Iterable[Any], *, service: str | None = None,
+               lookback: str = _DEFAULT_LOOKBACK, limit: int | None = None) -> SpanStream:
+    """Read normalised spans from a trace file, a Jaeger query API, or in-memory spans.
+
+    Args:
+        source: a path (OTLP JSON/JSONL or Jaeger JSON/JSONL, optionally gzipped), an
+            ``http(s)://`` Jaeger query base URL, or an iterable of SDK spans / Spans.
+        service: the service to query (Jaeger API only, and required there).
+        lookback: how far back the Jaeger query searches, e.g. ``"1h"``, ``"30m"``, ``"2d"``.
+        limit: the most traces the Jaeger query returns (default: Jaeger's own).
+
+    Returns:
+        A :class:`SpanStream`: an iterator of :class:`Span` with ``.stats`` and ``.source``.
+        Cost: about one orjson parse plus a few microseconds of Python per span.
+
+    Raises:
+        ConfigurationError: a bad argument (missing service for a URL, query options for a
+            file, an unsupported source type).
+        SourceNotFoundError: the file is missing, a directory or unreadable; the Jaeger API is
+            unreachable, timed out or answered an error (while iterating).
+        TraceFormatError: the data is not a trace file (while iterating).
+    """
+    stats = ReadStats()
+    if isinstance(source, str | os.PathLike):
+        name = os.fsdecode(os.fspath(source))
+        if is_url(name):
+            url = query_url(name, service, lookback, limit)
+            return SpanStream(_guard(_api_spans(url, stats), url), name, stats)
+        _reject_query_options(service, lookback, limit)
+        path = _readable(name)
+        return SpanStream(_guard(_file_spans(path, name, stats), name), name, stats)
+    if isinstance(source, bytes | bytearray | Mapping) or not isinstance(source, Iterable):
+        raise ConfigurationError(
+            f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
+            "or an iterable of spans")
+    _reject_query_options(service, lookback, limit)
+    stats.format = "memory"
+    return SpanStream(memory_spans(source, stats), "memory", stats)
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Which format a trace file holds, from its first document.
+
+    Args:
+        path: the file.
+
+    Returns:
+        One of :data:`FORMATS`.
+
+    Raises:
+        SourceNotFoundError / TraceFormatError: as :func:`read_spans`.
+    """
+    name = os.fsdecode(os.fspath(path))
+    documents = _guard(_documents(_readable(name), name), name)
+    try:
+        for where, doc, lines in documents:
+            return f"{_family(doc, where)}-json{'l' if lines else ''}"
+    finally:
+        documents.close()
+    raise TraceFormatError(f"{name}: empty file")  # pragma: no cover - _documents raises first
+
+
+def _reject_query_options(service: str | None, lookback: str, limit: int | None) -> None:
+    if service is not None or limit is not None or lookback != _DEFAULT_LOOKBACK:
+        raise ConfigurationError("service, lookback and limit apply only to a Jaeger query URL")
+
+
+def _readable(name: str) -> Path:
+    path = Path(name)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"{name}: no such file") from None
+    except OSError as exc:
+        raise SourceNotFoundError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+    if stat.S_ISDIR(mode):
+        raise SourceNotFoundError(f"{name}: is a directory, not a trace file")
+    if not os.access(path, os.R_OK):
+        raise SourceNotFoundError(f"{name}: cannot read (permission denied)")
+    return path
+
+
+def _guard(spans: Iterator[Any], name: str) -> Generator[Any, None, None]:
+    # The one place where stray exceptions become one-line TracekitErrors.
+    try:
+        yield from spans
+    except TracekitError:
+        raise
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceFormatError(f"{name}: corrupt gzip data ({one_line(str(exc), 120)})") from exc
+    except OSError as exc:
+        raise SourceNotFoundError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+    except RecursionError as exc:
+        raise TraceFormatError(f"{name}: JSON nested too deeply") from exc
+    except (*SPAN_ERRORS, UnicodeError) as exc:
+        why = one_line(f"{type(exc).__name__}: {exc}", 160)
+        raise TraceFormatError(f"{name}: unreadable trace data ({why})") from exc
+
+
+def _api_spans(url: str, stats: ReadStats) -> Iterator[Span]:
+    doc = fetch(url)
+    stats.format = "jaeger-api"
+    yield from jaeger_spans(doc, stats, url)
+
+
+def _file_spans(path: Path, name: str, stats: ReadStats) -> Iterator[Span]:
+    for where, doc, lines in _documents(path, name):
+        family = _family(doc, where)
+        if not stats.format:
+            stats.format = f"{family}-json{'l' if lines else ''}"
+        if family == "otlp":
+            yield from otlp_spans(doc, stats, where)
+        else:
+            yield from jaeger_spans(doc, stats, where)
+
+
+def _family(doc: Any, where: str) -> str:
+    if is_otlp(doc):
+        return "otlp"
+    if is_jaeger(doc):
+        return "jaeger"
+    if type(doc) is dict and type(doc.get("error")) is dict:
+        # Jaeger API v3 streams {"error": {"httpCode", "message"}} in place of a result.
+        message = one_line(str(doc["error"].get("message", doc["error"])), 160)
+        raise TraceFormatError(f"{where}: holds a Jaeger API error, not traces: {message}")
+    raise TraceFormatError(f"{where}: neither OTLP JSON nor Jaeger JSON ({_describe(doc)})")
+
+
+def _describe(doc: Any) -> str:
+    if type(doc) is dict:
+        keys = ", ".join(one_line(str(key), 30) for key in list(doc)[:5])
+        return f"an object with keys {keys}" if keys else "an empty object"
+    return f"a JSON {type(doc).__name__}"
+
+
+def _documents(path: Path, name: str) -> Iterator[tuple[str, Any, bool]]:
+    """Yield ``(where, document, is_json_lines)`` for each JSON document in the file.
+
+    A file whose first non-blank line is a complete JSON value followed by more content is
+    JSON Lines; anything else is one document (pretty-printed JSON, or a single line).
+    """
+    with _open(path) as file:
+        lineno, first = _next_content(file, 0)
+        if not first:
+            raise TraceFormatError(f"{name}: empty file")
+        try:
+            doc = orjson.loads(first.removeprefix(_BOM))
+        except orjson.JSONDecodeError:
+            file.seek(0)
+            yield name, _parse(file.read().removeprefix(_BOM), name, whole=True), False
+            return
+        second_no, second = _next_content(file, lineno)
+        if not second:
+            yield name, doc, False
+            return
+        yield f"{name}: line {lineno}", doc, True
+        yield f"{name}: line {second_no}", _parse(second, f"{name}: line {second_no}"), True
+        for lineno, line in enumerate(file, second_no + 1):
+            if not line.isspace():
+                where = f"{name}: line {lineno}"
+                yield where, _parse(line, where), True
+
+
+def _open(path: Path) -> IO[bytes]:
+    file = path.open("rb")
+    if file.read(2) == _GZIP_MAGIC:
+        file.close()
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    file.seek(0)
+    return file
+
+
+def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
+    # The next non-blank line and its 1-based number; b"" at the end of the file.
+    while True:
+        line = file.readline()
+        lineno += 1
+        if not line or not line.isspace():
+            return lineno, line
+
+
+def _parse(data: bytes, where: str, *, whole: bool = False) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if exc.msg == "unexpected end of data":
+            raise TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)"
+                                   ) from exc
+        if exc.msg == "Input is a zero-length, empty document" or not data.strip():
+            raise TraceFormatError(f"{where}: empty file") from exc
+        at = f"line {exc.lineno} column {exc.colno}" if whole else f"column {exc.colno}"
+        raise TraceFormatError(f"{where}: not valid JSON ({exc.msg} at {at})") from exc

@@ -1,0 +1,197 @@
+"""``tracekit.configure()``: where spans go. Arguments > ``OTEL_*`` environment > defaults.
+
+- Never replaces a tracer provider the application already installed: if the global
+  provider is an SDK ``TracerProvider``, tracekit's spans join it (its processors, resource
+  and sampler); an explicitly requested ``exporter=`` is added for tracekit's spans only.
+- Otherwise it creates an SDK provider (resource from ``service_name`` / ``OTEL_SERVICE_NAME``
+  / ``OTEL_RESOURCE_ATTRIBUTES``, sampler from ``OTEL_TRACES_SAMPLER``) and installs it as the
+  global one, so other instrumentation (httpx, ...) shares the trace.
+- Exporters: ``otlp`` (http/protobuf; grpc with ``otlp-grpc`` or
+  ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL=grpc``; endpoint and headers from the standard
+  ``OTEL_EXPORTER_OTLP_*`` variables), ``jsonl:PATH`` (OTLP JSON Lines), ``console``,
+  ``memory``, ``none``, or any SDK ``SpanExporter`` instance. Network exporters run behind a
+  ``BatchSpanProcessor``: export happens on its thread, a slow or dead collector only fills
+  (then overflows) its bounded queue and never delays a response.
+
+The SDK is imported here, lazily: ``import tracekit`` does not load it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from tracekit import _runtime
+from tracekit.errors import ConfigurationError
+
+logger = logging.getLogger("tracekit")
+
+EXPORTERS = ("otlp", "otlp-http", "otlp-grpc", "jsonl:PATH", "console", "memory", "none")
+DEFAULT_BLOCK_THRESHOLD_MS = 20.0
+
+
+def configure(service_name: str | None = None, exporter: Any = None, *,
+              sampler: Any = None, block_threshold_ms: float | None = None,
+              tracer_provider: Any = None) -> None:  # fmt: skip
+    """Set where tracekit's spans go (see the module docstring for the precedence rules).
+
+    Args:
+        service_name: ``service.name`` of the resource (else ``OTEL_SERVICE_NAME``).
+        exporter: one of ``otlp``, ``otlp-http``, ``otlp-grpc``, ``jsonl:PATH``, ``console``,
+            ``memory``, ``none``, or an SDK ``SpanExporter``; default ``OTEL_TRACES_EXPORTER``,
+            else ``otlp``.
+        sampler: an SDK ``Sampler``; default from ``OTEL_TRACES_SAMPLER``(``_ARG``).
+        block_threshold_ms: the watchdog samples the loop's stack when one slice holds it
+            longer than this (default 20 ms; ``TRACEKIT_BLOCK_THRESHOLD_MS``).
+        tracer_provider: an SDK ``TracerProvider`` to join instead of the global one.
+
+    Raises:
+        ConfigurationError: unknown exporter, bad threshold, or missing optional package.
+    """
+    previous = _runtime.current
+    runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider)
+    _runtime.install(runtime)
+    if previous is not None:
+        previous.shutdown()
+
+
+def runtime_for(tracer_provider: Any, service_name: str | None) -> _runtime.Runtime:
+    """The runtime a middleware uses when it finds none configured (first request)."""
+    if tracer_provider is not None:
+        return build_runtime(service_name, None, None, None, tracer_provider)
+    if _runtime.current is None:
+        configure(service_name=service_name)
+    assert _runtime.current is not None
+    return _runtime.current
+
+
+def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
+                  block_threshold_ms: float | None, tracer_provider: Any) -> _runtime.Runtime:  # fmt: skip
+    """A runtime per the rules above (not installed)."""
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tracekit._watchdog import Watchdog
+
+    threshold = _threshold(block_threshold_ms)
+    if _env_true("OTEL_SDK_DISABLED"):
+        logger.info("tracekit: OTEL_SDK_DISABLED is true; tracing is off")
+        return _runtime.Runtime(None, None, None, threshold)
+    provider = tracer_provider
+    if provider is None:
+        candidate = otel_trace.get_tracer_provider()
+        provider = candidate if isinstance(candidate, TracerProvider) else None
+    elif not isinstance(provider, TracerProvider):
+        raise ConfigurationError("tracer_provider must be an OpenTelemetry SDK TracerProvider")
+    if provider is not None:  # join the application's provider, never replace it
+        processor: Any = getattr(provider, "_active_span_processor", None)
+        if exporter is not None:
+            processor = _FanOut([p for p in (processor, _processor_for(exporter)) if p is not None])
+        runtime = _runtime.Runtime(processor, provider.resource, sampler or provider.sampler, threshold)
+    else:
+        from opentelemetry.sdk.resources import Resource
+
+        resource = Resource.create({"service.name": service_name} if service_name else {})
+        processor = _processor_for(exporter if exporter is not None else _env_exporter())
+        provider = TracerProvider(resource=resource, sampler=sampler)
+        if processor is not None:
+            provider.add_span_processor(processor)
+        otel_trace.set_tracer_provider(provider)
+        runtime = _runtime.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
+    runtime.watchdog = Watchdog(threshold)
+    return runtime
+
+
+def _processor_for(exporter: Any) -> Any:
+    """A span processor for an exporter name or instance (batching for network exporters)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+
+    if isinstance(exporter, SpanExporter):
+        return BatchSpanProcessor(exporter)
+    if not isinstance(exporter, str):
+        raise ConfigurationError(f"exporter must be a name or a SpanExporter, got {type(exporter).__name__}")
+    name, _, arg = exporter.partition(":")
+    name = name.strip().lower()
+    if name == "none":
+        return None
+    if name == "jsonl":
+        if not arg:
+            raise ConfigurationError("exporter 'jsonl' needs a path: jsonl:PATH")
+        from tracekit.exporters.jsonl import JsonLinesSpanExporter
+
+        return SimpleSpanProcessor(JsonLinesSpanExporter(arg))
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return SimpleSpanProcessor(ConsoleSpanExporter())
+    if name == "memory":
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        return SimpleSpanProcessor(InMemorySpanExporter())
+    if name in ("otlp", "otlp-http", "otlp-grpc"):
+        return BatchSpanProcessor(_otlp_exporter(name))
+    raise ConfigurationError(f"unknown exporter {exporter!r}; expected one of {', '.join(EXPORTERS)}")
+
+
+def _otlp_exporter(name: str) -> Any:
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()  # fmt: skip
+    grpc = name == "otlp-grpc" or (name == "otlp" and protocol == "grpc")
+    if grpc:
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise ConfigurationError("OTLP over gRPC needs the grpc extra: pip install 'tracekit[grpc]'") from exc
+        return OTLPSpanExporter()
+    if protocol not in ("http/protobuf", "grpc"):
+        logger.warning("tracekit: unsupported OTLP protocol %r; using http/protobuf", protocol)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def _env_exporter() -> str:
+    value = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    known = {"otlp", "otlp-http", "otlp-grpc", "console", "memory", "none"}
+    if value in known or value.startswith("jsonl:"):
+        return value
+    logger.warning("tracekit: OTEL_TRACES_EXPORTER=%r is not supported; using otlp", value)
+    return "otlp"
+
+
+def _threshold(value: float | None) -> float:
+    if value is None:
+        raw = os.environ.get("TRACEKIT_BLOCK_THRESHOLD_MS")
+        if raw is None:
+            return DEFAULT_BLOCK_THRESHOLD_MS
+        try:
+            value = float(raw)
+        except ValueError:
+            logger.warning("tracekit: TRACEKIT_BLOCK_THRESHOLD_MS=%r is not a number; using 20", raw)
+            return DEFAULT_BLOCK_THRESHOLD_MS
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigurationError(f"block_threshold_ms must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() == "true"
+
+
+class _FanOut:
+    """Hands each span to several processors (the app's, plus an exporter asked for)."""
+
+    def __init__(self, processors: list[Any]) -> None:
+        self.processors = processors
+
+    def on_end(self, span: Any) -> None:
+        for processor in self.processors:
+            processor.on_end(span)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return all(p.force_flush(timeout_millis) for p in self.processors)
+
+    def shutdown(self) -> None:
+        for processor in self.processors:
+            processor.shutdown()
