@@ -75,3 +75,28 @@ def by_name(spans: list[Any]) -> dict[str, Any]:
         assert span.name not in out, f"two spans named {span.name!r}"
         out[span.name] = span
     return out
+
+
+@pytest.fixture
+def otel_globals() -> Iterator[None]:
+    """Reset OpenTelemetry's set-once global tracer provider around a test (as OTel's own
+    test_base does), and uninstall whatever tracekit runtime the test configured."""
+    from opentelemetry import trace
+    from opentelemetry.util._once import Once
+
+    def reset() -> None:
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+
+    reset()
+    before = _runtime.current
+    yield
+    runtime = _runtime.current
+    if runtime is not before:
+        _runtime.install(before)
+        if runtime is not None:
+            runtime.shutdown()
+    provider = trace._TRACER_PROVIDER
+    if provider is not None and hasattr(provider, "shutdown"):
+        provider.shutdown()
+    reset()

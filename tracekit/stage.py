@@ -105,7 +105,7 @@ def _close(opened: _Opened, error: BaseException | None) -> None:
         _unbind(ledger_token, otel_token)
         if led.parent is None:  # a stage outside any request: its tree is complete
             led.request.end = led.end
-            _runtime.submit(led.request)
+            led.request.runtime.submit(led.request)
     except Exception:
         internal_error("stage close")
 

@@ -23,6 +23,14 @@ def burn_cpu(ms: float) -> int:
     return n
 
 
+def spin(units: int) -> int:
+    """A fixed amount of pure-Python CPU work (about 1 ms per unit here)."""
+    total = 0
+    for i in range(units * 20_000):
+        total += i * i % 7
+    return total
+
+
 @tracekit.stage("tokenize")
 def tokenize_cpu(ms: float) -> int:
     return burn_cpu(ms)

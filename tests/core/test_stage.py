@@ -1,0 +1,264 @@
+"""Stage forms, nesting, child tasks and threads (no server needed: ASGI-free)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import anyio
+import pytest
+
+import tracekit
+from tracekit import semconv as sc
+from tracekit.stage import Stage
+
+from ..conftest import by_name
+from .apps import burn_cpu, spin
+
+
+def test_bare_decorator_named_and_kind_from_name() -> None:
+    @tracekit.stage
+    def guardrail(x: int) -> int:
+        return x + 1
+
+    @tracekit.stage("post", kind="serialize")
+    def post(x: int) -> int:
+        return x
+
+    with tracekit.record() as rec:
+        assert guardrail(1) == 2
+        assert post(3) == 3
+    spans = by_name(rec.spans)
+    assert spans["guardrail"].attributes[sc.STAGE_KIND] == "guardrail"
+    assert spans["post"].attributes[sc.STAGE_KIND] == "serialize"
+    assert guardrail.__name__ == "guardrail"  # functools.wraps
+
+
+def test_unknown_name_is_other_and_bad_kind_is_an_error() -> None:
+    assert Stage("embed").kind == "other"
+    with pytest.raises(ValueError, match="unknown stage kind"):
+        tracekit.stage("x", kind="gpu")
+    with pytest.raises(ValueError):
+        tracekit.stage("")
+
+
+def test_no_spans_and_no_cost_when_nothing_records() -> None:
+    @tracekit.stage("tokenize")
+    def tokenize() -> str:
+        return "same"
+
+    assert tokenize() == "same"
+
+
+def test_nested_cpu_is_exclusive() -> None:
+    @tracekit.stage("tokenize")
+    def inner() -> None:
+        spin(30)
+
+    @tracekit.stage("outer")
+    def outer() -> None:
+        spin(10)
+        inner()
+
+    with tracekit.record() as rec:
+        outer()
+    spans = by_name(rec.spans)
+    o, i = spans["outer"].attributes, spans["tokenize"].attributes
+    assert spans["tokenize"].parent.span_id == spans["outer"].context.span_id
+    # its own 10 units of work, not the child's 30 (fixed work: a ratio, whatever the load)
+    assert 0.2 <= o[sc.CPU_MS] / i[sc.CPU_MS] <= 0.5
+    assert o[sc.CHILDREN_MS] == pytest.approx(i[sc.WALL_MS], abs=0.5)
+
+
+def test_async_stages_in_gather_and_taskgroup_attach_to_their_parent() -> None:
+    @tracekit.stage("guardrail")
+    async def guard() -> str:
+        await asyncio.sleep(0.02)
+        return "ok"
+
+    @tracekit.stage("model")
+    async def model() -> str:
+        await asyncio.sleep(0.03)
+        return "text"
+
+    @tracekit.stage("pipeline")
+    async def pipeline() -> list[str]:
+        first = await asyncio.gather(guard(), model())
+        if sys.version_info >= (3, 11):
+            async with asyncio.TaskGroup() as group:
+                task = group.create_task(model())
+            first.append(task.result())
+        return first
+
+    with tracekit.record() as rec:
+        result = asyncio.run(pipeline())
+    assert result[:2] == ["ok", "text"]
+    spans = rec.spans
+    (root,) = [s for s in spans if s.name == "pipeline"]
+    children = [s for s in spans if s.name in ("guardrail", "model")]
+    assert len(children) == (3 if sys.version_info >= (3, 11) else 2)
+    assert all(s.parent.span_id == root.context.span_id for s in children)
+    assert all(s.context.trace_id == root.context.trace_id for s in children)
+    # concurrent children overlap: covered time is their union, not their sum
+    assert root.attributes[sc.CHILDREN_MS] < sum(s.attributes[sc.WALL_MS] for s in children)
+
+
+def test_to_thread_and_anyio_threads_keep_the_parent() -> None:
+    @tracekit.stage("tokenize")
+    def tokenize() -> int:
+        return burn_cpu(10)
+
+    @tracekit.stage("request")
+    async def handler() -> None:
+        await asyncio.to_thread(tokenize)
+        await anyio.to_thread.run_sync(tokenize)
+
+    with tracekit.record() as rec:
+        asyncio.run(handler())
+    spans = rec.spans
+    (root,) = [s for s in spans if s.name == "request"]
+    tokens = [s for s in spans if s.name == "tokenize"]
+    assert len(tokens) == 2
+    for span in tokens:
+        assert span.parent.span_id == root.context.span_id
+        assert span.attributes[sc.ON_LOOP] is False
+    assert root.attributes[sc.CPU_MS] < 5  # the workers' CPU is theirs, not the parent's
+
+
+def test_async_generator_stage_times_its_iterations_not_the_consumer() -> None:
+    @tracekit.stage("model")
+    async def stream_tokens(n: int):  # type: ignore[no-untyped-def]
+        for i in range(n):
+            await asyncio.sleep(0.01)
+            yield i
+
+    async def consume() -> list[int]:
+        out = []
+        async for item in stream_tokens(5):
+            time.sleep(0.01)  # the consumer's time is not the model's
+            out.append(item)
+        return out
+
+    with tracekit.record() as rec:
+        assert asyncio.run(consume()) == [0, 1, 2, 3, 4]
+    (model,) = rec.spans
+    a = model.attributes
+    assert a[sc.STEPS] >= 10
+    assert a[sc.CONSUMER_MS] == pytest.approx(50, rel=0.4)
+    assert a[sc.WAIT_MS] == pytest.approx(50, rel=0.4)
+    assert a[sc.GEN_AI_REQUEST_STREAM] is True
+    assert 0.005 <= a[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] <= 0.05
+
+
+def test_async_generator_closed_early_still_ends_its_span() -> None:
+    @tracekit.stage("model")
+    async def stream_tokens():  # type: ignore[no-untyped-def]
+        for i in range(100):
+            await asyncio.sleep(0)
+            yield i
+
+    async def take_two() -> list[int]:
+        gen = stream_tokens()
+        out = [await gen.__anext__(), await gen.__anext__()]
+        await gen.aclose()
+        return out
+
+    with tracekit.record() as rec:
+        assert asyncio.run(take_two()) == [0, 1]
+    (model,) = rec.spans
+    assert "tracekit.unfinished" not in model.attributes
+
+
+def test_with_and_async_with_blocks() -> None:
+    async def handler() -> None:
+        with tracekit.stage("serialize"):
+            burn_cpu(10)
+        async with tracekit.stage("guardrail"):
+            await asyncio.sleep(0.03)
+
+    @tracekit.stage("request")
+    async def root() -> None:
+        await handler()
+
+    with tracekit.record() as rec:
+        asyncio.run(root())
+    spans = by_name(rec.spans)
+    ser, guard = spans["serialize"].attributes, spans["guardrail"].attributes
+    assert ser[sc.CPU_MS] >= 5 and ser[sc.ON_LOOP] is True
+    assert guard[sc.WAIT_MS] == pytest.approx(30, rel=0.4)
+    assert guard[sc.CPU_MS] < 5
+    assert spans["serialize"].parent.span_id == spans["request"].context.span_id
+    assert spans["request"].attributes[sc.CPU_MS] < 5
+
+
+def test_one_stage_object_shared_by_concurrent_tasks() -> None:
+    guard = tracekit.stage("guardrail")
+
+    async def check(delay: float) -> float:
+        async with guard:
+            await asyncio.sleep(delay)
+        return delay
+
+    @tracekit.stage("request")
+    async def root() -> list[float]:
+        return list(await asyncio.gather(check(0.03), check(0.01)))
+
+    with tracekit.record() as rec:
+        assert asyncio.run(root()) == [0.03, 0.01]
+    walls = sorted(s.attributes[sc.WALL_MS] for s in rec.spans if s.name == "guardrail")
+    assert walls[0] == pytest.approx(10, rel=0.5) and walls[1] == pytest.approx(30, rel=0.5)
+
+
+def test_exceptions_pass_through_stages_unchanged() -> None:
+    error = KeyError("boom")
+
+    @tracekit.stage("guardrail")
+    def sync_fail() -> None:
+        raise error
+
+    @tracekit.stage("model")
+    async def async_fail() -> None:
+        await asyncio.sleep(0)
+        raise error
+
+    with tracekit.record() as rec:
+        with pytest.raises(KeyError) as sync_info:
+            sync_fail()
+        with pytest.raises(KeyError) as async_info:
+            asyncio.run(async_fail())
+        with pytest.raises(KeyError) as block_info, tracekit.stage("serialize"):
+            raise error
+    assert sync_info.value is error and async_info.value is error and block_info.value is error
+    assert all(s.status.status_code.name == "ERROR" for s in rec.spans)
+
+
+def test_cancellation_passes_through() -> None:
+    @tracekit.stage("model")
+    async def forever() -> None:
+        await asyncio.sleep(10)
+
+    async def main() -> bool:
+        task = asyncio.create_task(forever())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    with tracekit.record() as rec:
+        assert asyncio.run(main()) is True
+    (model,) = rec.spans
+    assert model.status.status_code.name == "UNSET"  # a cancellation is not an error
+
+
+def test_tokenize_counts_tokens() -> None:
+    @tracekit.stage("tokenize")
+    def tokenize(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    with tracekit.record() as rec:
+        tokenize("hello")
+    assert rec.spans[0].attributes[sc.TOKENS] == 5
