@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracekit import semconv
 from tracekit.render._html_charts import legend
 from tracekit.render._html_util import (
     COLOURED_KINDS,
@@ -38,6 +39,7 @@ _TOP_ROW = 26  # the "event loop" summary row
 _AXIS_H = 22
 _MAX_LANES = 400  # a hostile or oversized timeline still gives a bounded page
 _MAX_BLOCKS = 400  # per lane and kind of block
+_REQUEST = "request"  # the stage name of a request's own code in timeline slices
 
 
 @dataclass
@@ -103,7 +105,13 @@ def _read_lane(lane: Mapping[str, Any]) -> _Lane:
     for s in items(lane.get("slices"))[:_MAX_BLOCKS]:
         span = _interval(s)
         if span:
-            out.slices.append((*span, str(s.get("stage") or ""), str(s.get("kind") or "")))
+            stage, kind = str(s.get("stage") or ""), str(s.get("kind") or "")
+            if stage == _REQUEST and kind in ("", semconv.KIND_OTHER):
+                kind = _REQUEST  # the request's own code (handler, framework), not a stage
+            out.slices.append((*span, stage, kind))
+    # The request's own slice encloses the slices of stages it called synchronously: draw
+    # longer slices first so the nested stage stays visible on top.
+    out.slices.sort(key=lambda sl: sl[0] - sl[1])
     for w in items(lane.get("loop_waits"))[:_MAX_BLOCKS]:
         span = _interval(w)
         if span:
@@ -138,11 +146,20 @@ def _summary(lanes: list[_Lane], duration: float, total_lanes: int) -> str:
         s, e, stage, lane = max(slices, key=lambda x: x[1] - x[0])
         text += (
             f" Longest hold: {fmt_ms(e - s, True)} by stage “{clip(stage, 60)}” of request "
-            f"{clip(lane.trace_id, 16)} at +{fmt_ms(s, True)}."
+            f"{clip(lane.trace_id, 16)} at +{fmt_ms(s, True)}{_nested(lane, s, e, stage)}."
         )
     if total_lanes > len(lanes):
         text += f" Showing the first {len(lanes)} of {total_lanes} lanes."
     return f'<p class="note">{esc(text)}</p>'
+
+
+def _nested(lane: _Lane, start: float, end: float, stage: str) -> str:
+    """Name the longest other stage slice inside a hold (a sync stage called by the request)."""
+    inner = [(e - s, st) for s, e, st, _ in lane.slices if start <= s and e <= end and st != stage]
+    if not inner:
+        return ""
+    ms, name = max(inner)
+    return f", {fmt_ms(ms, True)} of it in stage “{clip(name, 60)}”"
 
 
 def _timeline_legend(lanes: list[_Lane]) -> str:
@@ -150,7 +167,8 @@ def _timeline_legend(lanes: list[_Lane]) -> str:
     kinds = [k for k in COLOURED_KINDS if k in present]
     if any(k not in COLOURED_KINDS for k in present):
         kinds.append("other")
-    entries = [(f"k-{k}", f"{k} held the loop") for k in dict.fromkeys(kinds)]
+    names = {_REQUEST: "request code"}
+    entries = [(f"k-{k}", f"{names.get(k, k)} held the loop") for k in dict.fromkeys(kinds)]
     entries += [("hatch", "ready, waiting for the loop"), ("life", "request in flight")]
     return legend(entries)
 
