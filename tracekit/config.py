@@ -122,9 +122,12 @@ def _processor_for(exporter: Any) -> Any:
 
         return SimpleSpanProcessor(JsonLinesSpanExporter(arg))
     if name == "console":
+        import sys
+
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return SimpleSpanProcessor(ConsoleSpanExporter())
+        # sys.stdout as it is now (the SDK's default binds it when the SDK is first imported)
+        return SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout))
     if name == "memory":
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

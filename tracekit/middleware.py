@@ -99,8 +99,11 @@ class TracekitMiddleware:
             if kind == "http.response.body":
                 if message.get("body"):
                     _chunk(request)
+                last = not message.get("more_body", False)
+                if last and request.enrich is not None:
+                    _enrich(request)  # before the outer instrumentation ends its span on this send
                 await send(message)
-                if not message.get("more_body", False):
+                if last:
                     request.end = _clock.wall_ns()
                 return
             if kind == "http.response.start":
@@ -182,13 +185,23 @@ def _finish(request: Request) -> None:
         root = request.root
         if root is not None:
             close(root)
-        if request.enrich is not None:
-            from tracekit import _summary
-
-            request.enrich.set_attributes(_summary.request_attributes(request))
+        if request.enrich is not None and request.enrich.is_recording():
+            _enrich(request)
         request.runtime.submit(request)
     except Exception:
         internal_error("request finish")
+
+
+def _enrich(request: Request) -> None:
+    """Put the request-level attributes on the server span another instrumentation made."""
+    from tracekit import _summary
+
+    try:
+        if request.end == 0:
+            request.end = _clock.wall_ns()  # provisional: the span ends with this send
+        request.enrich.set_attributes(_summary.request_attributes(request))
+    except Exception:
+        internal_error("enrich server span")
 
 
 def _traceparent(scope: Scope) -> SpanContext | None:

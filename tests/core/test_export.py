@@ -1,0 +1,319 @@
+"""configure(): exporters, OTEL_* variables, existing providers, enrichment (issue 2, item 6)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+from opentelemetry import propagate
+from opentelemetry import trace as otel_trace
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+
+import tracekit
+from tracekit import _runtime
+from tracekit import semconv as sc
+from tracekit.errors import ConfigurationError
+
+from .asgi import call, http_scope
+
+seen_headers: list[dict[str, str]] = []
+
+
+@tracekit.stage("tokenize")
+def tokenize(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+@tracekit.stage("model")
+async def model(tokens: list[int]) -> str:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)  # what an outgoing call to the model server would carry
+    seen_headers.append(carrier)
+    await asyncio.sleep(0.001)
+    return "ok"
+
+
+async def chat(request: Request) -> JSONResponse:
+    return JSONResponse({"text": await model(tokenize("hello"))})
+
+
+def gateway() -> Any:
+    inner = Starlette(routes=[Route("/chat/{session}", chat, methods=["POST"])])
+    return Starlette(routes=[Mount("/v1", app=inner)])
+
+
+def run_requests(app: Any, n: int = 3, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def main() -> None:
+        for i in range(n):
+            sent = await call(app, http_scope(f"/v1/chat/{i}", "POST", headers))
+            assert sent[0]["status"] == 200
+
+    asyncio.run(main())
+
+
+class _Collector(BaseHTTPRequestHandler):
+    requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        message = trace_service_pb2.ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        _Collector.requests.append(message)
+        _Collector.headers.append(dict(self.headers))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+        self.wfile.write(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
+
+    headers: list[dict[str, str]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def collector() -> Iterator[str]:
+    """A real OTLP/HTTP receiver on 127.0.0.1 decoding protobuf bodies."""
+    _Collector.requests, _Collector.headers = [], []
+    server = HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def _otlp_spans(requests: list[Any]) -> list[tuple[str, Any, Any]]:
+    out = []
+    for message in requests:
+        for rs in message.resource_spans:
+            service = {a.key: a.value.string_value for a in rs.resource.attributes}["service.name"]
+            for ss in rs.scope_spans:
+                out.extend((service, ss.scope, span) for span in ss.spans)
+    return out
+
+
+def test_otlp_http_export_with_env(collector: str, otel_globals: None,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=acme")
+    tracekit.configure()
+    run_requests(tracekit.TracekitMiddleware(gateway()))
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    spans = _otlp_spans(_Collector.requests)
+    assert len(spans) == 9  # 3 requests x (server + tokenize + model)
+    assert {service for service, _, _ in spans} == {"from-env"}
+    assert {scope.name for _, scope, _ in spans} == {"tracekit"}
+    names = sorted(span.name for _, _, span in spans)
+    assert names == ["POST /v1/chat/{session}"] * 3 + ["model"] * 3 + ["tokenize"] * 3
+    assert all(h.get("x-tenant") == "acme" for h in _Collector.headers)
+    server = next(span for _, _, span in spans if span.name.startswith("POST"))
+    attrs = {a.key: a.value for a in server.attributes}
+    assert attrs[sc.HTTP_ROUTE].string_value == "/v1/chat/{session}"
+    assert attrs[sc.CPU_MS].double_value > 0
+
+
+def test_argument_beats_env(collector: str, otel_globals: None,
+                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    tracekit.configure(service_name="from-arg", exporter="otlp")
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    assert {service for service, _, _ in _otlp_spans(_Collector.requests)} == {"from-arg"}
+
+
+class _GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
+        self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_otlp_grpc_export(otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import grpc
+
+    servicer = _GrpcCollector()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        tracekit.configure(service_name="grpc-gw")
+        run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
+        assert _runtime.current is not None
+        _runtime.current.flush()
+        assert len(_otlp_spans(servicer.requests)) == 6
+    finally:
+        server.stop(0)
+
+
+def test_jsonl_exporter_writes_otlp_json_lines(tmp_path: Any, otel_globals: None) -> None:
+    path = tmp_path / "traces.jsonl"
+    tracekit.configure(service_name="gw", exporter=f"jsonl:{path}")
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    lines = path.read_text().splitlines()
+    spans = []
+    for line in lines:
+        data = json.loads(line)
+        for rs in data["resourceSpans"]:
+            service = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}["service.name"]
+            assert service == {"stringValue": "gw"}
+            for ss in rs["scopeSpans"]:
+                spans.extend(ss["spans"])
+    assert len(spans) == 6
+    for span in spans:
+        assert len(span["traceId"]) == 32 and len(span["spanId"]) == 16
+        assert int(span["endTimeUnixNano"]) >= int(span["startTimeUnixNano"]) > 1.6e18
+    server = next(s for s in spans if s["kind"] == 2)
+    stage = next(s for s in spans if s["name"] == "tokenize")
+    assert stage["kind"] == 1 and stage["parentSpanId"] == server["spanId"]
+    attrs = {a["key"]: a["value"] for a in server["attributes"]}
+    assert attrs[sc.HTTP_RESPONSE_STATUS_CODE] == {"intValue": "200"}
+    assert attrs[sc.ON_LOOP] == {"boolValue": True}
+
+
+def test_console_exporter(otel_globals: None, capsys: pytest.CaptureFixture[str]) -> None:
+    tracekit.configure(exporter="console")
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    out = capsys.readouterr().out
+    assert '"name": "tokenize"' in out and '"name": "POST /v1/chat/{session}"' in out
+
+
+def test_never_replaces_the_applications_provider(otel_globals: None) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel_trace.set_tracer_provider(provider)
+    tracekit.configure(service_name="ignored", exporter=None)
+    assert otel_trace.get_tracer_provider() is provider
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    assert sorted(s.name for s in exporter.get_finished_spans()) == [
+        "POST /v1/chat/{session}", "model", "tokenize"]
+
+
+def test_middleware_configures_itself_when_nothing_is(otel_globals: None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "memory")
+    app = tracekit.TracekitMiddleware(gateway(), service_name="auto")
+    run_requests(app, n=1)
+    runtime = _runtime.current
+    assert runtime is not None
+    assert runtime.resource.attributes["service.name"] == "auto"
+
+
+def test_bad_exporter_is_a_clear_error(otel_globals: None) -> None:
+    with pytest.raises(ConfigurationError, match="unknown exporter 'zipkin'"):
+        tracekit.configure(exporter="zipkin")
+    with pytest.raises(ConfigurationError, match="jsonl:PATH"):
+        tracekit.configure(exporter="jsonl")
+    with pytest.raises(ConfigurationError, match="block_threshold_ms"):
+        tracekit.configure(exporter="none", block_threshold_ms=-1)
+
+
+def test_sdk_disabled(otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    tracekit.configure(exporter="memory")
+    assert _runtime.current is not None and not _runtime.current.enabled
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+
+
+def _memory_provider(sampler: Any = None) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def test_sampler_from_env_drops_requests_but_still_propagates(otel_globals: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    provider, exporter = _memory_provider()
+    tracekit.configure(tracer_provider=provider)
+    seen_headers.clear()
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    assert exporter.get_finished_spans() == ()
+    assert len(seen_headers) == 2 and all(h["traceparent"].endswith("-00") for h in seen_headers)
+
+
+def test_traceparent_is_continued_and_stages_propagate(otel_globals: None) -> None:
+    provider, exporter = _memory_provider()
+    tracekit.configure(tracer_provider=provider)
+    seen_headers.clear()
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1,
+                 headers=[(b"traceparent", parent.encode()), (b"tracestate", b"vendor=1")])  # fmt: skip
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    server = spans["POST /v1/chat/{session}"]
+    assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert format(server.parent.span_id, "016x") == "b7ad6b7169203331" and server.parent.is_remote
+    assert server.context.trace_state.to_header() == "vendor=1"
+    (header,) = seen_headers
+    model_id = format(spans["model"].context.span_id, "016x")
+    assert header["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-{model_id}-01"
+
+
+@pytest.mark.parametrize("bad", [b"garbage", b"00-" + b"0" * 32 + b"-b7ad6b7169203331-01",
+                                 b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
+def test_invalid_traceparent_starts_a_new_trace(otel_globals: None, bad: bytes) -> None:
+    provider, exporter = _memory_provider()
+    tracekit.configure(tracer_provider=provider)
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1, headers=[(b"traceparent", bad)])
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    server = next(s for s in exporter.get_finished_spans() if s.kind.name == "SERVER")
+    assert server.parent is None
+
+
+def test_enriches_an_existing_server_span(otel_globals: None) -> None:
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    provider, exporter = _memory_provider()
+    otel_trace.set_tracer_provider(provider)
+    tracekit.configure()
+    app = OpenTelemetryMiddleware(tracekit.TracekitMiddleware(gateway()), tracer_provider=provider)
+    run_requests(app, n=1)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    spans = exporter.get_finished_spans()
+    servers = [s for s in spans if s.kind.name == "SERVER"]
+    assert len(servers) == 1  # no second server span
+    (server,) = servers
+    assert server.attributes[sc.CPU_MS] > 0 and sc.OVERHEAD_MS in server.attributes
+    stages = [s for s in spans if s.name in ("tokenize", "model")]
+    assert len(stages) == 2
+    assert all(s.parent.span_id == server.context.span_id for s in stages)
+    assert all(s.context.trace_id == server.context.trace_id for s in stages)
