@@ -8,10 +8,15 @@ asserted to the exact microsecond::
         def tokenize():
             clock.burn(30)      # 30 ms on CPU
             clock.block(5)      # 5 ms blocked off-CPU (e.g. time.sleep)
+
+        @tracekit.stage("model")
+        async def model():
+            await clock.sleep(100)  # suspended 100 ms (waiting on the model)
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import TracebackType
 
@@ -56,6 +61,11 @@ class FakeClock:
         """Wall time passes with no CPU on the calling thread (waiting, or others running)."""
         with self._lock:
             self._wall += int(round(ms * 1e6))
+
+    async def sleep(self, ms: float) -> None:
+        """Suspend the calling coroutine while ``ms`` of wall time passes (an await)."""
+        asyncio.get_running_loop().call_soon(self.advance, ms)  # runs after this task yields
+        await asyncio.sleep(0)
 
     def __enter__(self) -> FakeClock:
         _clock.install(self.wall_ns, self.cpu_ns, self._epoch)

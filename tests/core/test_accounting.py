@@ -1,0 +1,171 @@
+"""Accounting arithmetic to the exact microsecond, with FakeClock; the loop-wait estimator."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import tracekit
+from tracekit import _loop
+from tracekit import semconv as sc
+from tracekit._accounting import covered_ns
+from tracekit.testing import FakeClock
+
+from ..conftest import by_name
+
+MS = 1_000_000
+
+
+def test_exact_split_of_nested_sync_and_async_stages() -> None:
+    with FakeClock() as clock, tracekit.record() as rec:
+
+        @tracekit.stage("tokenize")
+        def tokenize() -> None:
+            clock.burn(30)
+            clock.block(5)  # e.g. time.sleep: off-CPU but holding the loop
+
+        @tracekit.stage("model")
+        async def model() -> None:
+            clock.burn(2)
+            await clock.sleep(100)
+            clock.burn(1)
+
+        @tracekit.stage("request")
+        async def root() -> None:
+            clock.burn(1)
+            tokenize()
+            await model()
+            clock.burn(0.5)
+
+        asyncio.run(root())
+        spans = by_name(rec.spans)
+
+    tok, mod, req = (spans[n].attributes for n in ("tokenize", "model", "request"))
+    assert (tok[sc.WALL_MS], tok[sc.CPU_MS], tok[sc.WAIT_MS], tok[sc.LOOP_WAIT_MS]) == (35, 30, 5, 0)
+    assert tok[sc.MAX_BLOCK_MS] == 35 and tok[sc.ON_LOOP] is True
+    assert (mod[sc.WALL_MS], mod[sc.CPU_MS], mod[sc.WAIT_MS], mod[sc.LOOP_WAIT_MS]) == (103, 3, 100, 0)
+    assert mod[sc.MAX_BLOCK_MS] == 2 and mod[sc.STEPS] == 2
+    assert req[sc.WALL_MS] == 139.5 and req[sc.CPU_MS] == 1.5 and req[sc.CHILDREN_MS] == 138
+    assert req[sc.WAIT_MS] == 0
+    assert spans["model"].end_time - spans["model"].start_time == 103 * MS
+
+
+def test_exclusive_cpu_with_three_levels() -> None:
+    with FakeClock() as clock, tracekit.record() as rec:
+
+        @tracekit.stage("c")
+        def c() -> None:
+            clock.burn(4)
+
+        @tracekit.stage("b")
+        def b() -> None:
+            clock.burn(2)
+            c()
+            clock.burn(1)
+
+        @tracekit.stage("a")
+        def a() -> None:
+            clock.burn(8)
+            b()
+
+        a()
+        spans = by_name(rec.spans)
+    assert [spans[n].attributes[sc.CPU_MS] for n in "abc"] == [8, 3, 4]
+    assert [spans[n].attributes[sc.WALL_MS] for n in "abc"] == [15, 7, 4]
+
+
+def test_async_generator_consumer_time_is_separate() -> None:
+    with FakeClock() as clock, tracekit.record() as rec:
+
+        @tracekit.stage("model")
+        async def tokens():  # type: ignore[no-untyped-def]
+            for i in range(3):
+                await clock.sleep(10)
+                clock.burn(1)
+                yield i
+
+        async def consume() -> None:
+            async for _ in tokens():
+                clock.block(4)  # the consumer's work between items
+
+        asyncio.run(consume())
+        (span,) = rec.spans
+    a = span.attributes
+    assert a[sc.WALL_MS] == 3 * 11 + 3 * 4
+    assert (a[sc.CPU_MS], a[sc.WAIT_MS], a[sc.CONSUMER_MS]) == (3, 30, 12)
+    assert a[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(0.011)
+
+
+def test_streaming_metrics_exact() -> None:
+    from .asgi import call, http_scope
+
+    with FakeClock() as clock, tracekit.record() as rec:
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            clock.advance(7)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for gap in (5, 10, 20, 30):
+                clock.advance(gap)
+                await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            clock.advance(1)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        asyncio.run(call(tracekit.TracekitMiddleware(app), http_scope("/s")))
+        (server,) = rec.spans
+    a = server.attributes
+    assert (a[sc.TTFB_MS], a[sc.TTFT_MS], a[sc.CHUNKS]) == (7, 12, 4)
+    assert (a[sc.ITL_P50_MS], a[sc.ITL_P95_MS], a[sc.ITL_MAX_MS]) == (20, 30, 30)
+    assert a[sc.TPOT_MS] == 20  # (last - first) / (chunks - 1) = 60 / 3
+    assert a[sc.WALL_MS] == 73  # ends when the last (empty) body message left
+
+
+def test_covered_is_the_union_clipped() -> None:
+    assert covered_ns([(0, 10), (5, 20), (30, 40)], 0, 35) == 25
+    assert covered_ns([(-5, 3)], 0, 100) == 3
+    assert covered_ns(None, 0, 10) == 0
+
+
+def _state(*slices_ms: tuple[float, float]) -> _loop.ThreadState:
+    state = _loop.ThreadState()
+    for start, end in slices_ms:
+        _loop.record_slice(state, int(start * MS), int(end * MS))
+    return state
+
+
+class _Awaiting:
+    def __init__(self, awaited: Any) -> None:
+        self.cr_await = awaited
+
+
+def test_estimator_no_loop_activity_means_no_loop_wait() -> None:
+    assert _loop.estimate_loop_wait(_state(), 0, 100 * MS, None) == 0
+    assert _loop.estimate_loop_wait(_state((0, 5)), 10 * MS, 100 * MS, None) == 0
+
+
+def test_estimator_uses_the_sleep_deadline() -> None:
+    sleeping = asyncio.sleep(0.05)  # a real (unstarted) sleep coroutine: its frame has `delay`
+    try:
+        state = _state((1, 200))
+        waited = _loop.estimate_loop_wait(state, 0, 200 * MS, _Awaiting(sleeping))
+        assert waited == 150 * MS
+        idle_before_deadline = _state((1, 30))
+        assert _loop.estimate_loop_wait(idle_before_deadline, 0, 60 * MS, _Awaiting(sleeping)) == 0
+    finally:
+        sleeping.close()
+
+
+def test_estimator_halves_the_busy_run_for_unknown_readiness() -> None:
+    state = _state((10, 40), (40.2, 100))  # one busy run 10..100 (gap < 1 ms)
+    assert _loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == int(90.5 * MS) // 2
+    assert _loop.estimate_loop_wait(state, 50 * MS, int(100.5 * MS), None) == int(50.5 * MS) // 2
+    assert _loop.estimate_loop_wait(state, 0, 110 * MS, None) == 0  # loop went idle before
+
+
+def test_estimator_ring_wraps() -> None:
+    state = _loop.ThreadState()
+    for i in range(_loop.RING * 3):
+        _loop.record_slice(state, i * MS, i * MS + MS // 2)
+    resumed = (_loop.RING * 3) * MS
+    assert 0 <= _loop.estimate_loop_wait(state, 0, resumed, None) <= resumed // 2
