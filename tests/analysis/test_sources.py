@@ -1,10 +1,11 @@
-"""The readers (tracekit.analysis.sources): real files, every format, errors, Jaeger API, SDK spans."""
+"""tracekit.analysis.sources: the real files, every format, errors, Jaeger API, SDK spans."""
 
 from __future__ import annotations
 
 import collections
 import gzip
 import http.server
+import itertools
 import math
 import os
 import re
@@ -23,14 +24,14 @@ import orjson
 import pytest
 
 from tracekit import semconv
-from tracekit.analysis import _jaeger_api
+from tracekit.analysis import _jaeger_api, _source_common
 from tracekit.analysis.model import SPAN_KINDS, Event, Span
 from tracekit.analysis.sources import FORMATS, ReadStats, SpanStream, detect_format, read_spans
 from tracekit.errors import (
     ConfigurationError,
     SourceNotFoundError,
-    TracekitError,
     TraceFormatError,
+    TracekitError,
 )
 
 
@@ -49,27 +50,84 @@ needs_real = pytest.mark.skipif(
 # that the README still says the same.
 EXPECTED: dict[str, dict[str, Any]] = {
     "otlp-hotrod-n-plus-one-serial.json": dict(
-        format="otlp-json", spans=40, roots=1, orphans=0, depth=4, wall_ms=1117.0,
-        services={"frontend": 13, "redis-manual": 14, "route": 10, "customer": 1, "driver": 1,
-                  "mysql": 1}),
+        format="otlp-json",
+        spans=40,
+        roots=1,
+        orphans=0,
+        depth=4,
+        wall_ms=1117.0,
+        services={
+            "frontend": 13,
+            "redis-manual": 14,
+            "route": 10,
+            "customer": 1,
+            "driver": 1,
+            "mysql": 1,
+        },
+    ),
     "otlp-apiv3-hotrod-dispatch.json": dict(
-        format="otlp-json", spans=40, roots=1, orphans=0, depth=4, wall_ms=702.6,
-        services={"frontend": 13, "redis-manual": 14, "route": 10, "customer": 1, "driver": 1,
-                  "mysql": 1}),
+        format="otlp-json",
+        spans=40,
+        roots=1,
+        orphans=0,
+        depth=4,
+        wall_ms=702.6,
+        services={
+            "frontend": 13,
+            "redis-manual": 14,
+            "route": 10,
+            "customer": 1,
+            "driver": 1,
+            "mysql": 1,
+        },
+    ),
     "otlp-spec-example-trace.json": dict(
-        format="otlp-json", spans=1, roots=0, orphans=1, depth=1, wall_ms=1000.0,
-        services={"my.service": 1}),
+        format="otlp-json",
+        spans=1,
+        roots=0,
+        orphans=1,
+        depth=1,
+        wall_ms=1000.0,
+        services={"my.service": 1},
+    ),
     "jaeger-api-traces-envelope.json": dict(
-        format="jaeger-json", spans=2, roots=1, orphans=0, depth=2, wall_ms=4.2,
-        services={"jaeger-query": 2}),
+        format="jaeger-json",
+        spans=2,
+        roots=1,
+        orphans=0,
+        depth=2,
+        wall_ms=4.2,
+        services={"jaeger-query": 2},
+    ),
     "jaeger-petclinic-two-services.json": dict(
-        format="jaeger-json", spans=17, roots=1, orphans=0, depth=4, wall_ms=3.7,
-        services={"api-gateway": 2, "customers-service": 15}),
+        format="jaeger-json",
+        spans=17,
+        roots=1,
+        orphans=0,
+        depth=4,
+        wall_ms=3.7,
+        services={"api-gateway": 2, "customers-service": 15},
+    ),
     "jaeger-genai-agent-trace.json": dict(
-        format="jaeger-json", spans=57, roots=1, orphans=0, depth=8, wall_ms=44000.0,
-        services={"coding-agent": 19, "auth-service": 7, "mcp-gateway": 7, "metrics-backend": 6,
-                  "trace-store": 6, "k8s-api": 3, "summarizer-agent": 3, "vector-store": 3,
-                  "graphql-gateway": 2, "api-edge": 1}),
+        format="jaeger-json",
+        spans=57,
+        roots=1,
+        orphans=0,
+        depth=8,
+        wall_ms=44000.0,
+        services={
+            "coding-agent": 19,
+            "auth-service": 7,
+            "mcp-gateway": 7,
+            "metrics-backend": 6,
+            "trace-store": 6,
+            "k8s-api": 3,
+            "summarizer-agent": 3,
+            "vector-store": 3,
+            "graphql-gateway": 2,
+            "api-edge": 1,
+        },
+    ),
 }
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -135,46 +193,91 @@ def tracekit_trace(n: int, t0: int = 1_780_000_000_000_000_000) -> list[dict[str
     """One tracekit-shaped trace as OTLP spans: a SERVER span (20 attributes) + 4 stages (12)."""
     tid, sid = f"{n + 1:032x}", f"{(n + 1) << 8:016x}"
     server = {
-        semconv.HTTP_REQUEST_METHOD: "POST", semconv.HTTP_ROUTE: "/v1/chat/completions",
-        semconv.HTTP_RESPONSE_STATUS_CODE: 200, semconv.URL_PATH: "/v1/chat/completions",
-        semconv.URL_SCHEME: "http", semconv.SERVER_ADDRESS: "127.0.0.1",
-        semconv.SERVER_PORT: 8000, semconv.CLIENT_ADDRESS: "127.0.0.1",
-        semconv.NETWORK_PROTOCOL_VERSION: "1.1", semconv.WALL_MS: 100.0 + n,
-        semconv.CPU_MS: 12.5, semconv.LOOP_WAIT_MS: 1.25, semconv.MODEL_WAIT_MS: 60.0,
-        semconv.IO_WAIT_MS: 0.5, semconv.OVERHEAD_MS: 40.0, semconv.TTFB_MS: 20.0,
-        semconv.TTFT_MS: 45.0, semconv.ITL_P50_MS: 5.0, semconv.CHUNKS: 30,
+        semconv.HTTP_REQUEST_METHOD: "POST",
+        semconv.HTTP_ROUTE: "/v1/chat/completions",
+        semconv.HTTP_RESPONSE_STATUS_CODE: 200,
+        semconv.URL_PATH: "/v1/chat/completions",
+        semconv.URL_SCHEME: "http",
+        semconv.SERVER_ADDRESS: "127.0.0.1",
+        semconv.SERVER_PORT: 8000,
+        semconv.CLIENT_ADDRESS: "127.0.0.1",
+        semconv.NETWORK_PROTOCOL_VERSION: "1.1",
+        semconv.WALL_MS: 100.0 + n,
+        semconv.CPU_MS: 12.5,
+        semconv.LOOP_WAIT_MS: 1.25,
+        semconv.MODEL_WAIT_MS: 60.0,
+        semconv.IO_WAIT_MS: 0.5,
+        semconv.OVERHEAD_MS: 40.0,
+        semconv.TTFB_MS: 20.0,
+        semconv.TTFT_MS: 45.0,
+        semconv.ITL_P50_MS: 5.0,
+        semconv.CHUNKS: 30,
         semconv.INFLIGHT: 8,
     }
-    spans = [{"traceId": tid, "spanId": sid, "parentSpanId": "", "name": "POST /v1/chat/completions",
-              "kind": 2, "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t0 + 100_000_000),
-              "attributes": otlp_attrs(server), "status": {}}]
+    spans = [
+        {
+            "traceId": tid,
+            "spanId": sid,
+            "parentSpanId": "",
+            "name": "POST /v1/chat/completions",
+            "kind": 2,
+            "startTimeUnixNano": str(t0),
+            "endTimeUnixNano": str(t0 + 100_000_000),
+            "attributes": otlp_attrs(server),
+            "status": {},
+        }
+    ]
     for i, stage in enumerate(semconv.STAGE_KINDS[:4]):
         attrs = {
-            semconv.STAGE: stage, semconv.STAGE_KIND: stage, semconv.WALL_MS: 20.0,
-            semconv.CPU_MS: 3.0, semconv.WAIT_MS: 16.0, semconv.LOOP_WAIT_MS: 1.0,
-            semconv.MAX_BLOCK_MS: 2.5, semconv.ON_LOOP: True, semconv.STEPS: 4,
-            semconv.CODE_FUNCTION: stage, semconv.CODE_NAMESPACE: "app.gateway",
+            semconv.STAGE: stage,
+            semconv.STAGE_KIND: stage,
+            semconv.WALL_MS: 20.0,
+            semconv.CPU_MS: 3.0,
+            semconv.WAIT_MS: 16.0,
+            semconv.LOOP_WAIT_MS: 1.0,
+            semconv.MAX_BLOCK_MS: 2.5,
+            semconv.ON_LOOP: True,
+            semconv.STEPS: 4,
+            semconv.CODE_FUNCTION: stage,
+            semconv.CODE_NAMESPACE: "app.gateway",
             semconv.LOOP_SLICES_US: [0, 1200, 5000, 1100],
         }
         start = t0 + i * 20_000_000
-        spans.append({"traceId": tid, "spanId": f"{((n + 1) << 8) + i + 1:016x}",
-                      "parentSpanId": sid, "name": stage, "kind": 1,
-                      "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 20_000_000),
-                      "attributes": otlp_attrs(attrs), "status": {}})
+        spans.append(
+            {
+                "traceId": tid,
+                "spanId": f"{((n + 1) << 8) + i + 1:016x}",
+                "parentSpanId": sid,
+                "name": stage,
+                "kind": 1,
+                "startTimeUnixNano": str(start),
+                "endTimeUnixNano": str(start + 20_000_000),
+                "attributes": otlp_attrs(attrs),
+                "status": {},
+            }
+        )
     return spans
 
 
 def traces_data(spans: list[dict[str, Any]], service: str = "gateway") -> dict[str, Any]:
-    return {"resourceSpans": [{
-        "resource": {"attributes": otlp_attrs({semconv.SERVICE_NAME: service})},
-        "scopeSpans": [{"scope": {"name": "tracekit"}, "spans": spans}]}]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": otlp_attrs({semconv.SERVICE_NAME: service})},
+                "scopeSpans": [{"scope": {"name": "tracekit"}, "spans": spans}],
+            }
+        ]
+    }
 
 
 def write_jsonl(path: Path, lines: int, traces_per_line: int = 1) -> Path:
     with path.open("wb") as f:
         for line in range(lines):
-            spans = [s for t in range(traces_per_line)
-                     for s in tracekit_trace(line * traces_per_line + t)]
+            spans = [
+                s
+                for t in range(traces_per_line)
+                for s in tracekit_trace(line * traces_per_line + t)
+            ]
             f.write(orjson.dumps(traces_data(spans)) + b"\n")
     return path
 
@@ -222,10 +325,12 @@ def test_hotrod_n_plus_one_details() -> None:
     assert sum(s.error for s in spans) == 3
     assert {s.kind for s in spans} == {"server", "client"}
     assert any(e.attributes.get("error") == "redis timeout" for s in spans for e in s.events)
-    gets = sorted((s for s in spans if s.parent_id == "9c3834fb5a6fea99" and s.name == "HTTP GET"),
-                  key=lambda s: s.start_ns)
+    gets = sorted(
+        (s for s in spans if s.parent_id == "9c3834fb5a6fea99" and s.name == "HTTP GET"),
+        key=lambda s: s.start_ns,
+    )
     assert len(gets) == 11
-    assert all(a.end_ns <= b.start_ns for a, b in zip(gets, gets[1:], strict=False))
+    assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(gets))
     assert round((gets[-1].end_ns - gets[0].start_ns) / 1e6, 1) == 1116.6
     assert round(sum(s.duration_ms for s in gets), 1) == 871.2
     client = gets[0]
@@ -266,8 +371,11 @@ def test_jaeger_padding_string_tags_and_error_tag() -> None:
     genai, _ = read(REAL / "jaeger-genai-agent-trace.json")
     (failed,) = [s for s in genai if s.error]
     assert "error" not in failed.attributes
-    tokens = [s.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] for s in genai
-              if semconv.GEN_AI_USAGE_INPUT_TOKENS in s.attributes]
+    tokens = [
+        s.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+        for s in genai
+        if semconv.GEN_AI_USAGE_INPUT_TOKENS in s.attributes
+    ]
     assert tokens and all(type(t) is int for t in tokens)
 
 
@@ -289,17 +397,29 @@ def test_otlp_jsonl_round_trip(tmp_path: Path) -> None:
 
 def test_otlp_value_types_and_normalisation(tmp_path: Path) -> None:
     span = {
-        "traceId": "00AB", "spanId": "ABCDEF", "parentSpanId": "", "name": "x", "kind": "SPAN_KIND_CLIENT",
-        "startTimeUnixNano": 5, "endTimeUnixNano": "7",
+        "traceId": "00AB",
+        "spanId": "ABCDEF",
+        "parentSpanId": "",
+        "name": "x",
+        "kind": "SPAN_KIND_CLIENT",
+        "startTimeUnixNano": 5,
+        "endTimeUnixNano": "7",
         "status": {"code": "STATUS_CODE_ERROR"},
         "events": [{"timeUnixNano": "6", "name": "e", "attributes": otlp_attrs({"n": 1})}],
         "attributes": [
-            {"key": "i", "value": {"intValue": "-42"}}, {"key": "d", "value": {"doubleValue": "NaN"}},
-            {"key": "di", "value": {"doubleValue": 3}}, {"key": "b", "value": {"boolValue": False}},
-            {"key": "bytes", "value": {"bytesValue": "aGk="}}, {"key": "empty", "value": {}},
-            {"key": "arr", "value": {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": 1}]}}},
+            {"key": "i", "value": {"intValue": "-42"}},
+            {"key": "d", "value": {"doubleValue": "NaN"}},
+            {"key": "di", "value": {"doubleValue": 3}},
+            {"key": "b", "value": {"boolValue": False}},
+            {"key": "bytes", "value": {"bytesValue": "aGk="}},
+            {"key": "empty", "value": {}},
+            {
+                "key": "arr",
+                "value": {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": 1}]}},
+            },
             {"key": "kv", "value": {"kvlistValue": {"values": otlp_attrs({"x": 1.5, "y": "z"})}}},
-            {"key": "dup", "value": {"stringValue": "first"}}, {"key": "dup", "value": {"stringValue": "last"}},
+            {"key": "dup", "value": {"stringValue": "first"}},
+            {"key": "dup", "value": {"stringValue": "last"}},
         ],
     }
     (got,), stats = read(write_json(tmp_path / "t.json", traces_data([span])))
@@ -317,34 +437,64 @@ def test_otlp_value_types_and_normalisation(tmp_path: Path) -> None:
 def test_export_request_and_result_envelope_and_old_scope_name(tmp_path: Path) -> None:
     doc = traces_data(tracekit_trace(0))
     result = write_json(tmp_path / "v3.json", {"result": doc})
-    old = {"resourceSpans": [{"resource": {}, "instrumentationLibrarySpans":
-                              doc["resourceSpans"][0]["scopeSpans"]}]}
+    old = {
+        "resourceSpans": [
+            {"resource": {}, "instrumentationLibrarySpans": doc["resourceSpans"][0]["scopeSpans"]}
+        ]
+    }
     assert len(read(result)[0]) == 5
     spans, _ = read(write_json(tmp_path / "old.json", old))
     assert len(spans) == 5 and spans[0].service == ""
 
 
 def jaeger_span(span_id: str, refs: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"traceID": "abc", "spanID": span_id, "operationName": f"op{span_id}",
-            "references": refs, "startTime": 1_700_000_000_000_000, "duration": 10, **extra}
+    return {
+        "traceID": "abc",
+        "spanID": span_id,
+        "operationName": f"op{span_id}",
+        "references": refs,
+        "startTime": 1_700_000_000_000_000,
+        "duration": 10,
+        **extra,
+    }
 
 
 def test_jaeger_parents_process_error_and_logs(tmp_path: Path) -> None:
     follows = {"refType": "FOLLOWS_FROM", "traceID": "abc", "spanID": "2"}
     child_of = {"refType": "CHILD_OF", "traceID": "abc", "spanID": "1"}
-    trace = {"traceID": "abc", "processes": {"p1": {"serviceName": "svc"}}, "spans": [
-        jaeger_span("1", [], processID="p1"),
-        jaeger_span("2", [follows, child_of], processID="p1",
-                    tags=[{"key": "error", "type": "string", "value": "true"},
-                          {"key": "span.kind", "type": "string", "value": "producer"},
-                          {"key": "n", "type": "int64", "value": "7"},
-                          {"key": "f", "type": "float64", "value": 2},
-                          {"key": "ok", "type": "bool", "value": "false"}]),
-        jaeger_span("3", [follows], process={"serviceName": "embedded"},
-                    logs=[{"timestamp": 1_700_000_000_000_005,
-                           "fields": [{"key": "event", "type": "string", "value": "retry"},
-                                      {"key": "attempt", "type": "int64", "value": 2}]}]),
-    ]}
+    trace = {
+        "traceID": "abc",
+        "processes": {"p1": {"serviceName": "svc"}},
+        "spans": [
+            jaeger_span("1", [], processID="p1"),
+            jaeger_span(
+                "2",
+                [follows, child_of],
+                processID="p1",
+                tags=[
+                    {"key": "error", "type": "string", "value": "true"},
+                    {"key": "span.kind", "type": "string", "value": "producer"},
+                    {"key": "n", "type": "int64", "value": "7"},
+                    {"key": "f", "type": "float64", "value": 2},
+                    {"key": "ok", "type": "bool", "value": "false"},
+                ],
+            ),
+            jaeger_span(
+                "3",
+                [follows],
+                process={"serviceName": "embedded"},
+                logs=[
+                    {
+                        "timestamp": 1_700_000_000_000_005,
+                        "fields": [
+                            {"key": "event", "type": "string", "value": "retry"},
+                            {"key": "attempt", "type": "int64", "value": 2},
+                        ],
+                    }
+                ],
+            ),
+        ],
+    }
     spans, stats = read(write_json(tmp_path / "t.json", trace))
     one, two, three = spans
     assert stats.skipped == 0 and one.parent_id is None and one.service == "svc"
@@ -385,15 +535,23 @@ def test_pretty_printed_and_single_line_documents(tmp_path: Path) -> None:
 # --- malformed spans are skipped and counted ----------------------------------------------
 def test_malformed_spans_are_skipped_and_counted(tmp_path: Path) -> None:
     good = tracekit_trace(0)[1]
-    bad = [
-        {**good, "traceId": "xyz"}, {**good, "spanId": "1" * 17}, {**good, "spanId": ""},
-        {k: v for k, v in good.items() if k != "spanId"}, {**good, "traceId": "0" * 32},
-        {**good, "endTimeUnixNano": "1"}, {**good, "startTimeUnixNano": "soon"},
-        {**good, "startTimeUnixNano": 1.5}, {**good, "attributes": {"a": 1}},
+    bad: list[Any] = [
+        {**good, "traceId": "xyz"},
+        {**good, "spanId": "1" * 17},
+        {**good, "spanId": ""},
+        {k: v for k, v in good.items() if k != "spanId"},
+        {**good, "traceId": "0" * 32},
+        {**good, "endTimeUnixNano": "1"},
+        {**good, "startTimeUnixNano": "soon"},
+        {**good, "startTimeUnixNano": 1.5},
+        {**good, "attributes": {"a": 1}},
         {**good, "attributes": [{"key": 1, "value": {"stringValue": "x"}}]},
         {**good, "attributes": [{"key": "a", "value": {"boolValue": "yes"}}]},
-        {**good, "events": [{"timeUnixNano": "-5", "name": "e"}]}, {**good, "name": ["n"]},
-        {**good, "parentSpanId": good["spanId"]}, "not a span", None,
+        {**good, "events": [{"timeUnixNano": "-5", "name": "e"}]},
+        {**good, "name": ["n"]},
+        {**good, "parentSpanId": good["spanId"]},
+        "not a span",
+        None,
     ]
     spans, stats = read(write_json(tmp_path / "t.json", traces_data([good, *bad, good])))
     assert len(spans) == 2 and stats.skipped == len(bad)
@@ -410,11 +568,17 @@ def test_huge_values_are_cut_and_counted(tmp_path: Path) -> None:
 
 
 def test_jaeger_malformed_spans_skipped(tmp_path: Path) -> None:
-    trace = {"traceID": "abc", "spans": [
-        jaeger_span("1", []), jaeger_span("2", [], duration=-1), jaeger_span("g", []),
-        jaeger_span("3", [], startTime="now"), jaeger_span("4", [], tags=[{"key": "a", "value": {}}]),
-        jaeger_span("5", [{"refType": "CHILD_OF", "spanID": "5"}]),
-    ]}
+    trace = {
+        "traceID": "abc",
+        "spans": [
+            jaeger_span("1", []),
+            jaeger_span("2", [], duration=-1),
+            jaeger_span("g", []),
+            jaeger_span("3", [], startTime="now"),
+            jaeger_span("4", [], tags=[{"key": "a", "value": {}}]),
+            jaeger_span("5", [{"refType": "CHILD_OF", "spanID": "5"}]),
+        ],
+    }
     spans, stats = read(write_json(tmp_path / "t.json", trace))
     assert [s.span_id for s in spans] == ["0000000000000001"] and stats.skipped == 5
 
@@ -437,6 +601,27 @@ def test_missing_file_and_directory_raise_at_call(tmp_path: Path) -> None:
         detect_format(tmp_path / "nope.json")
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
+def test_pipes_are_read_and_devices_refused(tmp_path: Path, packed: bool) -> None:
+    # A pretty-printed document through a pipe (``tracekit analyze <(zcat ...)``): no seeking.
+    spans = [span for n in range(40) for span in tracekit_trace(n)]  # beyond any pipe buffer
+    content = orjson.dumps(traces_data(spans), option=orjson.OPT_INDENT_2)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(
+        target=pipe.write_bytes, args=(gzip.compress(content) if packed else content,)
+    )
+    writer.start()
+    try:
+        assert len(read(pipe)[0]) == 200
+    finally:
+        writer.join(10)
+    if Path("/dev/null").exists():
+        with pytest.raises(SourceNotFoundError, match="not a regular file"):
+            read_spans("/dev/null")
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root can read any file")
 def test_unreadable_file(tmp_path: Path) -> None:
     path = write_json(tmp_path / "t.json", {})
@@ -445,24 +630,31 @@ def test_unreadable_file(tmp_path: Path) -> None:
         read_spans(path)
 
 
-@pytest.mark.parametrize(("content", "pattern"), [
-    (b"", "empty file"),
-    (b"  \n\n \t\n", "empty file"),
-    (b"hello world", "not valid JSON"),
-    (b'{"resourceSpans": [{"scopeSpans": [', "truncated JSON"),
-    (b'{"foo": 1, "bar": 2}', "neither OTLP JSON nor Jaeger JSON .an object with keys foo, bar"),
-    (b"42", "neither OTLP JSON nor Jaeger JSON .a JSON int"),
-    (b"{}", "an empty object"),
-    (b"[1, 2]", r"\[0\] is not a Jaeger trace object"),
-    (b'{"resourceSpans": {"a": 1}}', "resourceSpans is not a list"),
-    (b'{"data": null, "errors": [{"msg": "boom"}]}', "holds no data .errors: .*boom"),
-    (b'{"error": {"httpCode": 404, "message": "trace not found"}}', "trace not found"),
-    (b"\x1f\x8b\x08\x00garbage", "corrupt gzip"),
-    (b'{"a": "\xff"}', "not valid JSON"),
-    (b"[" * 5000 + b"]" * 5000, "not valid JSON"),
-])
-def test_bad_files_raise_one_line_format_errors(tmp_path: Path, content: bytes,
-                                                pattern: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "pattern"),
+    [
+        (b"", "empty file"),
+        (b"  \n\n \t\n", "empty file"),
+        (b"hello world", "not valid JSON"),
+        (b'{"resourceSpans": [{"scopeSpans": [', "truncated JSON"),
+        (
+            b'{"foo": 1, "bar": 2}',
+            "neither OTLP JSON nor Jaeger JSON .an object with keys foo, bar",
+        ),
+        (b"42", "neither OTLP JSON nor Jaeger JSON .a JSON int"),
+        (b"{}", "an empty object"),
+        (b"[1, 2]", r"\[0\] is not a Jaeger trace object"),
+        (b'{"resourceSpans": {"a": 1}}', "resourceSpans is not a list"),
+        (b'{"data": null, "errors": [{"msg": "boom"}]}', "holds no data .errors: .*boom"),
+        (b'{"error": {"httpCode": 404, "message": "trace not found"}}', "trace not found"),
+        (b"\x1f\x8b\x08\x00garbage", "corrupt gzip"),
+        (b'{"a": "\xff"}', "not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, "not valid JSON"),
+    ],
+)
+def test_bad_files_raise_one_line_format_errors(
+    tmp_path: Path, content: bytes, pattern: str
+) -> None:
     path = tmp_path / "bad.json"
     path.write_bytes(content)
     exc = error_of(path)
@@ -486,10 +678,12 @@ def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
         list(read_spans(bad_second))
 
 
-def test_jsonl_streams_line_by_line(tmp_path: Path) -> None:
-    # 5 spans a line; the id caches (bounded at 4096 ids) fill up in both files.
-    small = write_jsonl(tmp_path / "small.jsonl", lines=1000)
-    large = write_jsonl(tmp_path / "large.jsonl", lines=3000)
+def test_jsonl_streams_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The id caches are bounded on their own (next test); keep them tiny here so that the
+    # peak measures what the reader holds per line.
+    monkeypatch.setattr(_source_common, "_CACHE_MAX", 16)
+    small = write_jsonl(tmp_path / "small.jsonl", lines=50)
+    large = write_jsonl(tmp_path / "large.jsonl", lines=500)
 
     def peak(path: Path) -> int:
         tracemalloc.start()
@@ -503,18 +697,27 @@ def test_jsonl_streams_line_by_line(tmp_path: Path) -> None:
     assert peak(large) < 1.3 * peak(small)
 
 
+def test_id_caches_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_source_common, "_CACHE_MAX", 64)
+    spans, _ = read(write_jsonl(tmp_path / "t.jsonl", lines=100))
+    assert len(spans) == 500 and len({s.trace_id for s in spans}) == 100
+    assert 0 < len(_source_common.SPAN_IDS) <= 64 and 0 < len(_source_common.TRACE_IDS) <= 64
+
+
 def test_query_options_and_source_types_are_checked(tmp_path: Path) -> None:
     path = write_json(tmp_path / "t.json", traces_data([]))
     for options in ({"service": "x"}, {"limit": 3}, {"lookback": "2h"}):
         with pytest.raises(ConfigurationError, match="only to a Jaeger query URL"):
             read_spans(path, **options)
-    with pytest.raises(ConfigurationError, match="needs a service"):
-        read_spans("http://127.0.0.1:9")
+    for url in ("http://127.0.0.1:9", "HTTPS://jaeger.example"):
+        with pytest.raises(ConfigurationError, match="needs a service"):
+            read_spans(url)
     with pytest.raises(ConfigurationError, match="lookback"):
         read_spans("http://127.0.0.1:9", service="s", lookback="an hour")
     with pytest.raises(ConfigurationError, match="limit"):
         read_spans("http://127.0.0.1:9", service="s", limit=0)
-    for source in (42, {"resourceSpans": []}, bytearray(b"x")):
+    odd: list[Any] = [42, {"resourceSpans": []}, bytearray(b"x")]
+    for source in odd:
         with pytest.raises(ConfigurationError, match="cannot read spans from"):
             read_spans(source)
     assert read(os.fsencode(path))[0] == []
@@ -553,7 +756,7 @@ class JaegerStub:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
@@ -610,18 +813,30 @@ def test_jaeger_api_unknown_host() -> None:
     assert isinstance(exc, SourceNotFoundError) and "tracekit-test.invalid" in str(exc)
 
 
-@pytest.mark.parametrize(("status", "body", "kind", "pattern"), [
-    (500, b'{"data": null, "errors": [{"code": 500, "msg": "storage down"}]}',
-     SourceNotFoundError, "HTTP 500 .*storage down"),
-    (503, b"<html>busy</html>", SourceNotFoundError, "HTTP 503"),
-    (200, b"<html>not jaeger</html>", TraceFormatError, "not JSON"),
-    (200, b'{"services": []}', TraceFormatError, "not a Jaeger /api/traces envelope"),
-    (200, b'{"data": [], "errors": [{"code": 400, "msg": "bad service"}]}',
-     SourceNotFoundError, "answered with errors: bad service"),
-    (200, b'{"data": [{"spans": 7}]}', TraceFormatError, "'spans' is not a list"),
-])
-def test_jaeger_api_failures(jaeger: Any, status: int, body: bytes, kind: type,
-                             pattern: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "pattern"),
+    [
+        (
+            500,
+            b'{"data": null, "errors": [{"code": 500, "msg": "storage down"}]}',
+            SourceNotFoundError,
+            "HTTP 500 .*storage down",
+        ),
+        (503, b"<html>busy</html>", SourceNotFoundError, "HTTP 503"),
+        (200, b"<html>not jaeger</html>", TraceFormatError, "not JSON"),
+        (200, b'{"services": []}', TraceFormatError, "not a Jaeger /api/traces envelope"),
+        (
+            200,
+            b'{"data": [], "errors": [{"code": 400, "msg": "bad service"}]}',
+            SourceNotFoundError,
+            "answered with errors: bad service",
+        ),
+        (200, b'{"data": [{"spans": 7}]}', TraceFormatError, "'spans' is not a list"),
+    ],
+)
+def test_jaeger_api_failures(
+    jaeger: Any, status: int, body: bytes, kind: type, pattern: str
+) -> None:
     stub = jaeger(lambda path, q: (status, body))
     exc = error_of(stub.url, service="gateway")
     assert isinstance(exc, kind) and re.search(pattern, str(exc)), str(exc)
@@ -671,8 +886,11 @@ def test_sdk_spans_are_read_without_importing_the_sdk() -> None:
     assert srv.attributes == {semconv.HTTP_ROUTE: "/v1/chat"} and not srv.error
     assert tok.parent_id == srv.span_id and tok.kind == "internal" and tok.error
     assert tok.attributes == {semconv.LOOP_SLICES_US: [0, 1500], semconv.CPU_MS: 2.5}
-    assert tok.events == [Event(semconv.EVENT_BLOCKED, finished[0].events[0].timestamp,
-                                {semconv.EVENT_BLOCKED_MS: 12.0})]
+    assert tok.events == [
+        Event(
+            semconv.EVENT_BLOCKED, finished[0].events[0].timestamp, {semconv.EVENT_BLOCKED_MS: 12.0}
+        )
+    ]
     assert (tok.start_ns, tok.end_ns) == (finished[0].start_time, finished[0].end_time)
     assert read_spans(finished).source == "memory"
 
@@ -687,10 +905,12 @@ def test_unended_sdk_span_is_skipped() -> None:
 
 
 def test_readers_import_no_opentelemetry() -> None:
-    code = ("import sys, tracekit; before = set(sys.modules);"
-            "import tracekit.analysis.sources;"
-            "new = [m for m in set(sys.modules) - before if m.startswith('opentelemetry')];"
-            "assert not new, new")
+    code = (
+        "import sys, tracekit; before = set(sys.modules);"
+        "import tracekit.analysis.sources;"
+        "new = [m for m in set(sys.modules) - before if m.startswith('opentelemetry')];"
+        "assert not new, new"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

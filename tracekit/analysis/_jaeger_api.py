@@ -31,7 +31,7 @@ _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 def is_url(source: str) -> bool:
     """Whether a source string is an http(s) URL rather than a path."""
-    return source.startswith(("http://", "https://"))
+    return source[:8].lower().startswith(("http://", "https://"))
 
 
 def query_url(base: str, service: str | None, lookback: str, limit: int | None) -> str:
@@ -55,8 +55,12 @@ def query_url(base: str, service: str | None, lookback: str, limit: int | None) 
         raise ConfigurationError(f"limit must be a positive integer, not {limit!r}")
     span_s = lookback_seconds(lookback)
     end_us = time.time_ns() // 1000
-    params: dict[str, Any] = {"service": service, "lookback": lookback,
-                              "start": end_us - int(span_s * 1e6), "end": end_us}
+    params: dict[str, Any] = {
+        "service": service,
+        "lookback": lookback,
+        "start": end_us - int(span_s * 1e6),
+        "end": end_us,
+    }
     if limit is not None:
         params["limit"] = limit
     root = base.rstrip("/").removesuffix("/api/traces")
@@ -93,13 +97,16 @@ def fetch(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     except urllib.error.HTTPError as exc:
         raise SourceNotFoundError(_http_error(url, exc)) from exc
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
-        raise SourceNotFoundError(f"{url}: cannot reach the Jaeger query API ({_why(exc, timeout)})"
-                                  ) from exc
+        raise SourceNotFoundError(
+            f"{url}: cannot reach the Jaeger query API ({_why(exc, timeout)})"
+        ) from exc
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"{url}: the answer is not JSON ({exc.msg}): "
-                               f"{one_line(body[:80].decode('utf-8', 'replace'), 80)!r}") from exc
+        raise TraceFormatError(
+            f"{url}: the answer is not JSON ({exc.msg}): "
+            f"{one_line(body[:80].decode('utf-8', 'replace'), 80)!r}"
+        ) from exc
     if type(doc) is not dict or "data" not in doc:
         raise TraceFormatError(f"{url}: the answer is not a Jaeger /api/traces envelope")
     if doc.get("errors"):

@@ -102,8 +102,9 @@ def _service_name(process: object) -> str:
     return name if type(name) is str else ""
 
 
-def _span(raw: dict[str, Any], default_trace: object, services: dict[str, str],
-          stats: ReadStats) -> Span:
+def _span(
+    raw: dict[str, Any], default_trace: object, services: dict[str, str], stats: ReadStats
+) -> Span:
     start = _int(raw["startTime"]) * 1000
     duration = _int(raw["duration"]) * 1000
     if duration < 0:
@@ -120,10 +121,14 @@ def _span(raw: dict[str, Any], default_trace: object, services: dict[str, str],
     else:
         service = services.get(raw.get("processID", ""), "")
     logs = raw.get("logs")
+    sid = span_id(raw["spanID"])
+    pid = _parent(raw)
+    if pid == sid:
+        raise BadSpan(f"span {sid} is its own parent")
     return Span(
         trace_id(raw.get("traceID", default_trace)),
-        span_id(raw["spanID"]),
-        _parent(raw),
+        sid,
+        pid,
         name,
         kind,
         start,
@@ -220,4 +225,3 @@ def _events(logs: object, stats: ReadStats) -> list[Event]:
         name = attrs.pop(_EVENT_FIELD, "log")
         events.append(Event(name if type(name) is str else str(name), time_ns, attrs))
     return events
-

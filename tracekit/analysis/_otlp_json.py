@@ -19,6 +19,8 @@ from tracekit.analysis._source_common import (
     MAX_VALUE_CHARS,
     MAX_VALUE_DEPTH,
     SPAN_ERRORS,
+    SPAN_IDS,
+    TRACE_IDS,
     BadSpan,
     ReadStats,
     check_times,
@@ -100,22 +102,30 @@ def _service(resource: object, stats: ReadStats) -> str:
 
 
 def _span(raw: dict[str, Any], service: str, stats: ReadStats) -> Span:
+    # Cache lookups and range checks inline; the helpers run only on a miss or a bad value.
     start = raw["startTimeUnixNano"]
+    start = int(start) if type(start) is str else _int(start)
     end = raw["endTimeUnixNano"]
-    if type(start) is not int:
-        start = _int(start)
-    if type(end) is not int:
-        end = _int(end)
-    check_times(start, end)
+    end = int(end) if type(end) is str else _int(end)
+    if not 0 < start <= end <= MAX_NS:
+        check_times(start, end)
+    tid = raw["traceId"]
+    tid = TRACE_IDS.get(tid) or trace_id(tid)
+    sid = raw["spanId"]
+    sid = SPAN_IDS.get(sid) or span_id(sid)
+    pid = raw.get("parentSpanId")
+    pid = (SPAN_IDS.get(pid) or parent_id(pid)) if pid else None
+    if pid == sid:
+        raise BadSpan(f"span {sid} is its own parent")
     name = raw.get("name", "")
     if type(name) is not str:
         raise BadSpan(f"name {short(name)} is not a string")
     status = raw.get("status")
     events = raw.get("events")
     return Span(
-        trace_id(raw["traceId"]),
-        span_id(raw["spanId"]),
-        parent_id(raw.get("parentSpanId")),
+        tid,
+        sid,
+        pid,
         name,
         _KINDS.get(raw.get("kind", 0), "unspecified"),
         start,
@@ -161,7 +171,7 @@ def attributes(kvs: object, stats: ReadStats, depth: int = 0) -> dict[str, Any]:
         value = kv["value"]
         if type(key) is not str:
             raise BadSpan(f"attribute key {short(key)} is not a string")
-        # The three commonest cases inline (this loop is most of the reader's time).
+        # The scalar cases inline: this loop is most of the reader's time.
         if "doubleValue" in value:
             x = value["doubleValue"]
             if type(x) is not float:
@@ -173,6 +183,10 @@ def attributes(kvs: object, stats: ReadStats, depth: int = 0) -> dict[str, Any]:
         elif "intValue" in value:
             x = value["intValue"]
             x = int(x) if type(x) is str else _int(x)
+        elif "boolValue" in value:
+            x = value["boolValue"]
+            if type(x) is not bool:
+                raise BadSpan(f"{key}: boolValue {short(x)} is not a boolean")
         else:
             x = _value(value, stats, depth)
             if x is None:
@@ -182,7 +196,14 @@ def attributes(kvs: object, stats: ReadStats, depth: int = 0) -> dict[str, Any]:
 
 
 def _value(value: dict[str, Any], stats: ReadStats, depth: int) -> Any:
-    # Any AnyValue, recursively; None for an empty one.
+    # Any AnyValue, recursively; None for an empty one. Containers first: attributes()
+    # and _array() handle the scalars inline and call this mostly for arrays.
+    if depth >= MAX_VALUE_DEPTH:
+        raise BadSpan("attribute value nested too deeply")
+    if "arrayValue" in value:
+        return _array(value["arrayValue"].get("values"), stats, depth + 1)
+    if "kvlistValue" in value:
+        return attributes(value["kvlistValue"].get("values"), stats, depth + 1)
     if "doubleValue" in value:
         return _float(value["doubleValue"])
     if "stringValue" in value:
@@ -194,12 +215,6 @@ def _value(value: dict[str, Any], stats: ReadStats, depth: int) -> Any:
         if type(x) is not bool:
             raise BadSpan(f"boolValue {short(x)} is not a boolean")
         return x
-    if depth >= MAX_VALUE_DEPTH:
-        raise BadSpan("attribute value nested too deeply")
-    if "arrayValue" in value:
-        return _array(value["arrayValue"].get("values"), stats, depth + 1)
-    if "kvlistValue" in value:
-        return attributes(value["kvlistValue"].get("values"), stats, depth + 1)
     if "bytesValue" in value:
         return _string(value["bytesValue"], stats)  # base64 text, kept as given
     if not value:
@@ -215,15 +230,14 @@ def _array(items: object, stats: ReadStats, depth: int) -> list[Any]:
     if len(items) > MAX_ARRAY_ITEMS:
         stats.truncated += 1
         items = items[:MAX_ARRAY_ITEMS]
-    out = []
-    for item in items:
-        # Integer arrays (tracekit's loop slices) are the common case: inline them.
-        if "intValue" in item:
-            x = item["intValue"]
-            out.append(int(x) if type(x) is str else _int(x))
-        else:
-            out.append(_value(item, stats, depth))
-    return out
+    first = items[0]
+    if type(first) is dict and "intValue" in first:
+        # Integer arrays (tracekit's loop slices) are the common case.
+        try:
+            return [int(x) if type(x := item["intValue"]) is str else _int(x) for item in items]
+        except (KeyError, TypeError, ValueError, BadSpan):
+            pass  # mixed or malformed items: take them one by one below
+    return [_value(item, stats, depth) for item in items]
 
 
 def _float(value: object) -> float:

@@ -61,10 +61,14 @@ def _span(item: Any, stats: ReadStats) -> Span:
         raise BadSpan(f"name {short(name)} is not a string")
     resource = item.resource
     service = resource.attributes.get(semconv.SERVICE_NAME, "") if resource is not None else ""
+    sid = _hex(context.span_id, 16)
+    pid = None if parent is None else _hex(parent.span_id, 16)
+    if pid == sid:
+        raise BadSpan(f"span {sid} is its own parent")
     return Span(
         _hex(context.trace_id, 32),
-        _hex(context.span_id, 16),
-        None if parent is None else _hex(parent.span_id, 16),
+        sid,
+        pid,
         name,
         KIND_BY_NAME.get(item.kind.name.lower(), "unspecified"),
         start,

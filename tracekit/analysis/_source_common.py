@@ -31,9 +31,9 @@ KIND_BY_NAME = {name: name for name in SPAN_KINDS}
 _ZEROS = {16: "0" * 16, 32: "0" * 32}
 # raw id -> normalised id. Trace ids repeat on every span of a trace and parent ids repeat
 # on every sibling, so most lookups hit; cleared when full to bound memory.
-_TRACE_IDS: dict[object, str] = {}
-_SPAN_IDS: dict[object, str] = {}
-_CACHE_MAX = 1 << 16
+TRACE_IDS: dict[object, str] = {}
+SPAN_IDS: dict[object, str] = {}
+_CACHE_MAX = 4096
 
 
 class BadSpan(Exception):
@@ -92,23 +92,23 @@ def _normalise(raw: object, width: int) -> str:
 
 def trace_id(raw: object) -> str:
     """Normalise a trace id to 32 lowercase hex digits; raise BadSpan if it is not one."""
-    hit = _TRACE_IDS.get(raw)
+    hit = TRACE_IDS.get(raw)
     if hit is None:
         hit = _normalise(raw, 32)
-        if len(_TRACE_IDS) >= _CACHE_MAX:
-            _TRACE_IDS.clear()
-        _TRACE_IDS[raw] = hit
+        if len(TRACE_IDS) >= _CACHE_MAX:
+            TRACE_IDS.clear()
+        TRACE_IDS[raw] = hit
     return hit
 
 
 def span_id(raw: object) -> str:
     """Normalise a span id to 16 lowercase hex digits; raise BadSpan if it is not one."""
-    hit = _SPAN_IDS.get(raw)
+    hit = SPAN_IDS.get(raw)
     if hit is None:
         hit = _normalise(raw, 16)
-        if len(_SPAN_IDS) >= _CACHE_MAX:
-            _SPAN_IDS.clear()
-        _SPAN_IDS[raw] = hit
+        if len(SPAN_IDS) >= _CACHE_MAX:
+            SPAN_IDS.clear()
+        SPAN_IDS[raw] = hit
     return hit
 
 
@@ -116,7 +116,7 @@ def parent_id(raw: object) -> str | None:
     """Normalise a parent span id; ``None``, ``""`` and all zeros mean no parent."""
     if not raw:
         return None
-    hit = _SPAN_IDS.get(raw)
+    hit = SPAN_IDS.get(raw)
     if hit is not None:
         return hit
     if type(raw) is str and not raw.strip("0"):

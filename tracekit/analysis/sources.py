@@ -23,6 +23,7 @@ counted in the stream's :class:`ReadStats` (``stream.stats.skipped``), never rai
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import stat
@@ -83,12 +84,18 @@ class SpanStream(Iterator[Span]):
             close()
 
 
-def read_spans(source: str | os.PathLike[str] | Iterable[Any], *, service: str | None = None,
-               lookback: str = _DEFAULT_LOOKBACK, limit: int | None = None) -> SpanStream:
+def read_spans(
+    source: str | bytes | os.PathLike[str] | Iterable[Any],
+    *,
+    service: str | None = None,
+    lookback: str = _DEFAULT_LOOKBACK,
+    limit: int | None = None,
+) -> SpanStream:
     """Read normalised spans from a trace file, a Jaeger query API, or in-memory spans.
 
     Args:
-        source: a path (OTLP JSON/JSONL or Jaeger JSON/JSONL, optionally gzipped), an
+        source: a path (str, bytes or PathLike; OTLP JSON/JSONL or Jaeger JSON/JSONL,
+            optionally gzipped), an
             ``http(s)://`` Jaeger query base URL, or an iterable of SDK spans / Spans.
         service: the service to query (Jaeger API only, and required there).
         lookback: how far back the Jaeger query searches, e.g. ``"1h"``, ``"30m"``, ``"2d"``.
@@ -106,24 +113,25 @@ def read_spans(source: str | os.PathLike[str] | Iterable[Any], *, service: str |
         TraceFormatError: the data is not a trace file (while iterating).
     """
     stats = ReadStats()
-    if isinstance(source, str | os.PathLike):
-        name = os.fsdecode(os.fspath(source))
+    if isinstance(source, str | bytes | os.PathLike):
+        name = os.fsdecode(source)
         if is_url(name):
             url = query_url(name, service, lookback, limit)
             return SpanStream(_guard(_api_spans(url, stats), url), name, stats)
         _reject_query_options(service, lookback, limit)
         path = _readable(name)
         return SpanStream(_guard(_file_spans(path, name, stats), name), name, stats)
-    if isinstance(source, bytes | bytearray | Mapping) or not isinstance(source, Iterable):
+    if isinstance(source, bytearray | Mapping) or not isinstance(source, Iterable):
         raise ConfigurationError(
             f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
-            "or an iterable of spans")
+            "or an iterable of spans"
+        )
     _reject_query_options(service, lookback, limit)
     stats.format = "memory"
     return SpanStream(memory_spans(source, stats), "memory", stats)
 
 
-def detect_format(path: str | os.PathLike[str]) -> str:
+def detect_format(path: str | bytes | os.PathLike[str]) -> str:
     """Which format a trace file holds, from its first document.
 
     Args:
@@ -135,7 +143,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     Raises:
         SourceNotFoundError / TraceFormatError: as :func:`read_spans`.
     """
-    name = os.fsdecode(os.fspath(path))
+    name = os.fsdecode(path)
     documents = _guard(_documents(_readable(name), name), name)
     try:
         for where, doc, lines in documents:
@@ -160,6 +168,9 @@ def _readable(name: str) -> Path:
         raise SourceNotFoundError(f"{name}: cannot read ({exc.strerror or exc})") from exc
     if stat.S_ISDIR(mode):
         raise SourceNotFoundError(f"{name}: is a directory, not a trace file")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        # A pipe is fine (``<(zcat traces.jsonl.gz)``); a device or socket is not a file.
+        raise SourceNotFoundError(f"{name}: is not a regular file")
     if not os.access(path, os.R_OK):
         raise SourceNotFoundError(f"{name}: cannot read (permission denied)")
     return path
@@ -224,6 +235,7 @@ def _documents(path: Path, name: str) -> Iterator[tuple[str, Any, bool]]:
     A file whose first non-blank line is a complete JSON value followed by more content is
     JSON Lines; anything else is one document (pretty-printed JSON, or a single line).
     """
+    regular = stat.S_ISREG(path.stat().st_mode)  # a pipe cannot seek back
     with _open(path) as file:
         lineno, first = _next_content(file, 0)
         if not first:
@@ -231,8 +243,14 @@ def _documents(path: Path, name: str) -> Iterator[tuple[str, Any, bool]]:
         try:
             doc = orjson.loads(first.removeprefix(_BOM))
         except orjson.JSONDecodeError:
-            file.seek(0)
-            yield name, _parse(file.read().removeprefix(_BOM), name, whole=True), False
+            # Not a complete first line: one (pretty-printed) document, read whole. From a
+            # pipe, the lines read so far are put back in front instead.
+            if regular:
+                file.seek(0)
+                data = file.read().removeprefix(_BOM)
+            else:
+                data = b"\n" * (lineno - 1) + first.removeprefix(_BOM) + file.read()
+            yield name, _parse(data, name, whole=True), False
             return
         second_no, second = _next_content(file, lineno)
         if not second:
@@ -246,13 +264,15 @@ def _documents(path: Path, name: str) -> Iterator[tuple[str, Any, bool]]:
                 yield where, _parse(line, where), True
 
 
-def _open(path: Path) -> IO[bytes]:
-    file = path.open("rb")
-    if file.read(2) == _GZIP_MAGIC:
-        file.close()
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    file.seek(0)
-    return file
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[IO[bytes]]:
+    with path.open("rb") as raw:
+        # peek() does not consume, so a pipe can be sniffed as well as a file.
+        if raw.peek(2)[:2] == _GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield cast(IO[bytes], unzipped)
+        else:
+            yield raw
 
 
 def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
@@ -269,8 +289,9 @@ def _parse(data: bytes, where: str, *, whole: bool = False) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         if exc.msg == "unexpected end of data":
-            raise TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)"
-                                   ) from exc
+            raise TraceFormatError(
+                f"{where}: truncated JSON (ends after {len(data)} bytes)"
+            ) from exc
         if exc.msg == "Input is a zero-length, empty document" or not data.strip():
             raise TraceFormatError(f"{where}: empty file") from exc
         at = f"line {exc.lineno} column {exc.colno}" if whole else f"column {exc.colno}"
