@@ -100,3 +100,17 @@ def otel_globals() -> Iterator[None]:
     if provider is not None and hasattr(provider, "shutdown"):
         provider.shutdown()
     reset()
+
+
+def settled(rec: Any, servers: int, timeout: float = 10.0) -> list[Any]:
+    """The recording's spans once ``servers`` SERVER spans are in it.
+
+    A client has its response before the server has finished the request's bookkeeping
+    (the span is queued right after the app returns), so tests wait for it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        spans = rec.spans
+        if sum(s.kind.name == "SERVER" for s in spans) >= servers or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.01)

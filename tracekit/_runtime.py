@@ -21,6 +21,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from tracekit._context import current_ledger
 from tracekit._failsafe import internal_error
 from tracekit._request import Request, new_trace_id
 
@@ -176,11 +177,69 @@ def install(runtime: Runtime | None) -> Runtime | None:
     return previous
 
 
-def span_context_for(request: Request, span_id: int) -> Context:
-    """An OpenTelemetry context whose current span is ``span_id`` of ``request`` (for
-    propagation: outgoing calls made inside it carry this span as their parent)."""
-    span_context = SpanContext(request.trace_id, span_id, False, _SAMPLED, request.trace_state)
-    return otel_trace.set_span_in_context(NonRecordingSpan(span_context))
+class LedgerSpan(NonRecordingSpan):
+    """The OpenTelemetry "current span" for the whole of a recorded request.
+
+    Attached once per request instead of once per stage: its span context is computed when
+    someone asks (a propagator injecting ``traceparent``, an instrumentation starting a
+    child span) from tracekit's own context variable, so it is always the innermost open
+    stage of this request in this task or thread. When tracekit enriches a server span made
+    by other instrumentation, calls that record (``set_attribute``...) made at the request's
+    top level go to that span.
+    """
+
+    def __init__(self, request: Request, delegate: Any = None) -> None:
+        super().__init__(SpanContext(request.trace_id, request.span_id, False, _SAMPLED,
+                                     request.trace_state))  # fmt: skip
+        self._request = request
+        self._delegate = delegate
+
+    def get_span_context(self) -> SpanContext:
+        led = current_ledger.get()
+        request = self._request
+        if led is None or led.request is not request or led.parent is None and led.kind == "request":
+            return self._context
+        return SpanContext(request.trace_id, led.span_id, False, _SAMPLED, request.trace_state)
+
+    def _target(self) -> Any:
+        led = current_ledger.get()
+        at_top = led is None or led.request is not self._request or led.kind == "request"
+        return self._delegate if at_top else None
+
+    def is_recording(self) -> bool:
+        target = self._target()
+        return bool(target is not None and target.is_recording())
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        target = self._target()
+        if target is not None:
+            target.set_attribute(key, value)
+
+    def set_attributes(self, attributes: Any) -> None:
+        target = self._target()
+        if target is not None:
+            target.set_attributes(attributes)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        target = self._target()
+        if target is not None:
+            target.add_event(name, attributes, timestamp)
+
+    def record_exception(self, exception: BaseException, attributes: Any = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:  # fmt: skip
+        target = self._target()
+        if target is not None:
+            target.record_exception(exception, attributes, timestamp, escaped)
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        target = self._target()
+        if target is not None:
+            target.set_status(status, description)
+
+
+def request_context(request: Request) -> Context:
+    """The OpenTelemetry context to attach for the whole of ``request``."""
+    return otel_trace.set_span_in_context(LedgerSpan(request, request.enrich))
 
 
 def unsampled_context(trace_id: int, span_id: int, trace_state: Any) -> Context:

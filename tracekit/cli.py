@@ -35,6 +35,7 @@ EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 SEVERITIES = ("high", "medium", "low")
+_MAX_ERROR_CHARS = 500
 
 
 class _UsageError(Exception):
@@ -147,10 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fail(message: str, code: int) -> int:
     line = " ".join(message.split())
-    try:
+    if len(line) > _MAX_ERROR_CHARS:  # an exception text can quote megabytes of input
+        line = line[: _MAX_ERROR_CHARS - 3] + "..."
+    with contextlib.suppress(OSError):
         print(f"tracekit: error: {line}", file=sys.stderr)
-    except OSError:
-        pass
     return code
 
 
@@ -191,6 +192,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         lookback=args.lookback,
         limit=args.limit,
     )
+    for warning in report.warnings:
+        print(f"tracekit: warning: {' '.join(warning.split())}", file=sys.stderr)
     if args.format == "json":
         text = report.to_json() + "\n"
     elif args.format == "html":

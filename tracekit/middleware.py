@@ -89,7 +89,7 @@ class TracekitMiddleware:
         root = request.root
         assert root is not None
         ledger_token = current_ledger.set(root)
-        otel_token = otel_context.attach(_runtime.span_context_for(request, root.span_id))
+        otel_token = otel_context.attach(_runtime.request_context(request))
         state = _loop.thread_state()
         if request.runtime.watchdog is not None:
             request.runtime.watchdog.watch(state)

@@ -66,27 +66,39 @@ def _open(name: str, kind: str, function: str | None, namespace: str | None,
           bind: bool = True) -> _Opened | None:  # fmt: skip
     """Start a stage ledger under the current one; None when nothing is being recorded.
 
-    With ``bind`` the ledger becomes the current one (for nested stages) and its span context
-    the current OpenTelemetry context (so outgoing calls propagate it) until :func:`_close`.
+    With ``bind`` the ledger becomes the current one until :func:`_close` (nested stages
+    find their parent through it, and so does the request's OpenTelemetry current span:
+    see :class:`tracekit._runtime.LedgerSpan`).
     """
     parent = current_ledger.get()
-    if parent is None:
+    otel_token = None
+    if parent is None:  # a stage outside any request: a tree of its own
         request = _runtime.standalone_request()
         if request is None:
             return None
+        led = Ledger(name, kind, request, None, new_span_id(), function, namespace)
+        request.span_id = led.span_id
+        request.start = led.start
+        request.root = led
+        request.ledgers.append(led)
+        if not bind:
+            return led, None, None
+        otel_token = otel_context.attach(_runtime.request_context(request))
     elif parent.request is None:  # the request is not sampled
         return None
     else:
-        request = parent.request
-    led = Ledger(name, kind, request, parent, new_span_id(), function, namespace)
-    request.ledgers.append(led)
-    return (led, *_bind(led)) if bind else (led, None, None)
+        led = Ledger(name, kind, parent.request, parent, new_span_id(), function, namespace)
+        parent.request.ledgers.append(led)
+        if not bind:
+            return led, None, None
+    return led, current_ledger.set(led), otel_token
 
 
 def _bind(led: Ledger) -> tuple[Token[Ledger | None], object]:
-    ledger_token = current_ledger.set(led)
-    otel_token = otel_context.attach(_runtime.span_context_for(led.request, led.span_id))
-    return ledger_token, otel_token
+    otel_token = None
+    if led.parent is None:
+        otel_token = otel_context.attach(_runtime.request_context(led.request))
+    return current_ledger.set(led), otel_token
 
 
 def _unbind(ledger_token: Token[Ledger | None] | None, otel_token: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import anyio.to_thread
@@ -47,17 +48,26 @@ async def cpu_on_loop(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
 
+@tracekit.stage("tokenize")
+def tokenize_work(units: int) -> int:
+    return spin(units)
+
+
 async def cpu_in_thread(request: Request) -> JSONResponse:
-    await asyncio.to_thread(tokenize_cpu, float(request.query_params.get("ms", "50")))
+    await asyncio.to_thread(tokenize_work, int(request.query_params.get("units", "30")))
     return JSONResponse({"ok": True})
 
 
 async def cpu_in_anyio_thread(request: Request) -> JSONResponse:
-    await anyio.to_thread.run_sync(tokenize_cpu, 20.0)
+    await anyio.to_thread.run_sync(tokenize_work, int(request.query_params.get("units", "30")))
     return JSONResponse({"ok": True})
 
 
+SLEEPING = threading.Event()  # set when a /sleep request is about to sleep in its model stage
+
+
 async def sleeper(request: Request) -> JSONResponse:
+    SLEEPING.set()
     await model_sleep(float(request.query_params.get("s", "0.1")))
     return JSONResponse({"ok": True})
 
@@ -88,6 +98,20 @@ def make_app() -> Starlette:
         Route("/block", blocking_handler),
         Route("/stream", stream),
     ])  # fmt: skip
+
+
+def a_sleeps_while_b_burns(url: str) -> None:
+    """B sleeps 50 ms in its model stage; once it is asleep, A holds the loop for 200 ms."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=10) as a_client:
+        a_client.get("/cpu?ms=0")  # connect A's client first: A must arrive right after B sleeps
+        SLEEPING.clear()
+        b = threading.Thread(target=httpx.get, args=(f"{url}/sleep?s=0.05",), kwargs={"timeout": 10})
+        b.start()
+        assert SLEEPING.wait(10), "B never reached its sleep"
+        assert a_client.get("/cpu?ms=200").status_code == 200
+        b.join()
 
 
 def traced_app() -> tracekit.TracekitMiddleware:

@@ -26,6 +26,8 @@ from starlette.websockets import WebSocket
 import tracekit
 from tracekit import semconv as sc
 
+from ..conftest import settled
+
 
 class Boom(Exception):
     pass
@@ -109,7 +111,7 @@ def test_app_exception_reaches_the_server_unchanged(server_and_events) -> None: 
     _wait_for(lambda: "escaped" in events)  # the 500 is sent before the exception leaves the app
     assert events["escaped"] is events["raised"]  # the same object, not a copy or a wrapper
     if mode == "traced":
-        (span,) = [s for s in rec.spans if s.kind.name == "SERVER"]
+        (span,) = [s for s in settled(rec, 1) if s.kind.name == "SERVER"]
         assert span.status.status_code.name == "ERROR"
         assert span.attributes[sc.ERROR_TYPE].endswith("Boom")
         assert any(e.name == "exception" for e in span.events)
@@ -122,7 +124,7 @@ def test_http_exception_response_is_identical(server_and_events) -> None:  # typ
         404, "no such model", "missing")
     assert "escaped" not in events
     if mode == "traced":
-        (span,) = [s for s in rec.spans if s.kind.name == "SERVER"]
+        (span,) = [s for s in settled(rec, 1) if s.kind.name == "SERVER"]
         assert span.attributes[sc.HTTP_RESPONSE_STATUS_CODE] == 404
         assert span.status.status_code.name == "UNSET"  # a 4xx is the client's error
 
@@ -139,8 +141,7 @@ def test_client_disconnect_mid_stream(server_and_events) -> None:  # type: ignor
     assert events.get("stream_finally") is True
     assert "stream_completed" not in events
     if mode == "traced":
-        _wait_for(lambda: [s for s in rec.spans if s.kind.name == "SERVER"])
-        (span,) = [s for s in rec.spans if s.kind.name == "SERVER"]
+        (span,) = [s for s in settled(rec, 1) if s.kind.name == "SERVER"]
         assert 3 <= span.attributes[sc.CHUNKS] < 1000  # recorded, not lost
 
 

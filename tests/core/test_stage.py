@@ -173,7 +173,7 @@ def test_async_generator_closed_early_still_ends_its_span() -> None:
 def test_with_and_async_with_blocks() -> None:
     async def handler() -> None:
         with tracekit.stage("serialize"):
-            burn_cpu(10)
+            spin(10)
         async with tracekit.stage("guardrail"):
             await asyncio.sleep(0.03)
 
@@ -185,7 +185,7 @@ def test_with_and_async_with_blocks() -> None:
         asyncio.run(root())
     spans = by_name(rec.spans)
     ser, guard = spans["serialize"].attributes, spans["guardrail"].attributes
-    assert ser[sc.CPU_MS] >= 5 and ser[sc.ON_LOOP] is True
+    assert ser[sc.CPU_MS] >= 2 and ser[sc.ON_LOOP] is True
     assert guard[sc.WAIT_MS] == pytest.approx(30, rel=0.4)
     assert guard[sc.CPU_MS] < 5
     assert spans["serialize"].parent.span_id == spans["request"].context.span_id

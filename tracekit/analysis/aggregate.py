@@ -10,7 +10,8 @@ high-cardinality span name cannot grow it without bound.
 Besides the statistics it keeps a **sample** of whole requests for the rules and the replay:
 the ``sample_size`` earliest requests by start time (a contiguous window of real concurrency,
 which the replay needs; a random sample would thin out the overlap), plus the slowest
-request for the report's waterfall.
+request for the report's waterfall. Kept requests are :func:`~tracekit.analysis.assemble.compact`-ed
+in place: attributes already decoded into record fields are dropped from their maps.
 
 Breakdown of a request (DESIGN §4), in ms, for instrumented requests only:
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit import semconv
+from tracekit.analysis.assemble import compact
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.quantiles import Quantiles
 from tracekit.analysis.slo import SLO, request_tpot_ms
@@ -220,7 +222,8 @@ class RouteStats:
         breakdown_ms: dict[str, float | None] = dict.fromkeys(BREAKDOWN_KEYS)
         if self.instrumented:
             breakdown_ms = {
-                key: total / self.instrumented for key, total in zip(BREAKDOWN_KEYS, self.sums)
+                key: total / self.instrumented
+                for key, total in zip(BREAKDOWN_KEYS, self.sums, strict=True)
             }
         streaming = None
         if self.ttft.count or self.itl.count or self.tpot.count:
@@ -281,18 +284,25 @@ class Aggregator:
         self._sample: list[tuple[int, int, RequestRecord]] = []
         self._seq = itertools.count()
 
-    def add(self, req: RequestRecord) -> None:
-        """Record one request."""
-        self.requests += 1
-        self.instrumented = self.instrumented or req.instrumented
-        self._route(req.route).add(req, self.slo)
-        if self.slowest is None or req.wall_ms > self.slowest.wall_ms:
-            self.slowest = req
-        entry = (-req.start_ns, next(self._seq), req)
+    def add(self, req: RequestRecord, *, counted: bool = True) -> None:
+        """Record one request.
+
+        Args:
+            req: the request (kept ones are compacted in place).
+            counted: ``False`` puts the request in the sample only, not in the statistics:
+                for requests of other routes when analysing one route, which the replay
+                still needs because every route shares the event loop.
+        """
+        if counted:
+            self.requests += 1
+            self.instrumented = self.instrumented or req.instrumented
+            self._route(req.route).add(req, self.slo)
+            if self.slowest is None or req.wall_ms > self.slowest.wall_ms:
+                self.slowest = req
         if len(self._sample) < self.sample_size:
-            heapq.heappush(self._sample, entry)
+            heapq.heappush(self._sample, (-req.start_ns, next(self._seq), compact(req)))
         elif self._sample and req.start_ns < -self._sample[0][0]:
-            heapq.heapreplace(self._sample, entry)
+            heapq.heapreplace(self._sample, (-req.start_ns, next(self._seq), compact(req)))
 
     def _route(self, route: str) -> RouteStats:
         stats = self._routes.get(route)

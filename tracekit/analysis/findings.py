@@ -101,6 +101,8 @@ class Fix:
         queue: ``model_overlap`` only: where the recorded waiting sits: ``"inside"`` the model
             stage (a one-at-a-time model server) or ``"outside"`` it (a lock or a blocking
             client in the gateway, before the stage starts).
+        report_route: the route whose before/after figures the projection reports
+            (default ``route``): fixing one route's stage can be what helps another.
     """
 
     action: str
@@ -111,6 +113,12 @@ class Fix:
     other: str | None = None
     capacity: int | None = None
     queue: str = "inside"
+    report_route: str | None = None
+
+    @property
+    def measured_route(self) -> str:
+        """The route the projection's figures are for."""
+        return self.report_route or self.route
 
     def __post_init__(self) -> None:
         if self.action not in FIX_ACTIONS:

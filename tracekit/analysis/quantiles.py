@@ -33,17 +33,18 @@ class Quantiles:
     buckets, O(n log n) for at most ``EXACT_LIMIT`` items.
     """
 
-    __slots__ = ("_buckets", "_exact", "_sorted", "_zeros", "count", "max", "min", "total")
+    __slots__ = ("_buckets", "_exact", "_max", "_min", "_n", "_sorted", "_total", "_zeros")
 
     def __init__(self) -> None:
         self._exact: array[float] | None = array("d")
         self._buckets: dict[int, int] = {}
         self._zeros = 0
         self._sorted = True
-        self.count = 0
-        self.total = 0.0
-        self.min = math.inf
-        self.max = -math.inf
+        # Histogram phase only; while exact, these are computed from the values on demand.
+        self._n = 0
+        self._total = 0.0
+        self._min = math.inf
+        self._max = -math.inf
 
     def add(self, value: float) -> None:
         """Record one value.
@@ -53,22 +54,30 @@ class Quantiles:
         """
         if value < 0:
             value = 0.0
-        self.count += 1
-        self.total += value
-        if value < self.min:
-            self.min = value
-        if value > self.max:
-            self.max = value
         exact = self._exact
         if exact is not None:
+            # Hot path: one append; min/max/sum are derived when asked or when switching.
             exact.append(value)
             self._sorted = False
             if len(exact) > EXACT_LIMIT:
-                self._exact = None
-                for v in exact:
-                    self._bucket(v)
+                self._switch(exact)
             return
+        self._n += 1
+        self._total += value
+        if value < self._min:
+            self._min = value
+        if value > self._max:
+            self._max = value
         self._bucket(value)
+
+    def _switch(self, exact: array[float]) -> None:
+        self._exact = None
+        self._n = len(exact)
+        self._total = math.fsum(exact)
+        self._min = min(exact)
+        self._max = max(exact)
+        for v in exact:
+            self._bucket(v)
 
     def _bucket(self, value: float) -> None:
         if value <= _ZERO:
@@ -78,6 +87,30 @@ class Quantiles:
         self._buckets[index] = self._buckets.get(index, 0) + 1
 
     @property
+    def count(self) -> int:
+        """How many values were recorded."""
+        return len(self._exact) if self._exact is not None else self._n
+
+    @property
+    def min(self) -> float | None:
+        """The smallest value (exact), or ``None`` when empty."""
+        if self._exact is not None:
+            return min(self._exact) if self._exact else None
+        return self._min
+
+    @property
+    def max(self) -> float | None:
+        """The largest value (exact), or ``None`` when empty."""
+        if self._exact is not None:
+            return max(self._exact) if self._exact else None
+        return self._max
+
+    @property
+    def total(self) -> float:
+        """The sum of the values."""
+        return math.fsum(self._exact) if self._exact is not None else self._total
+
+    @property
     def exact(self) -> bool:
         """Whether percentiles are still computed from every value."""
         return self._exact is not None
@@ -85,7 +118,8 @@ class Quantiles:
     @property
     def mean(self) -> float | None:
         """The arithmetic mean (always exact), or ``None`` when empty."""
-        return self.total / self.count if self.count else None
+        count = self.count
+        return self.total / count if count else None
 
     def quantile(self, q: float) -> float | None:
         """The ``q``-quantile.
@@ -96,9 +130,9 @@ class Quantiles:
         Returns:
             The percentile, or ``None`` when no value was recorded.
         """
+        exact = self._exact
         if not self.count:
             return None
-        exact = self._exact
         if exact is not None:
             if not self._sorted:
                 self._exact = exact = array("d", sorted(exact))
@@ -107,16 +141,16 @@ class Quantiles:
             low = math.floor(position)
             high = min(low + 1, len(exact) - 1)
             return exact[low] + (exact[high] - exact[low]) * (position - low)
-        rank = q * (self.count - 1)
+        rank = q * (self._n - 1)
         seen = self._zeros
         if rank < seen:
-            return max(0.0, self.min)
+            return self._min
         for index in sorted(self._buckets):
             seen += self._buckets[index]
             if rank < seen:
                 estimate = 2 * _GAMMA**index / (_GAMMA + 1)
-                return min(max(estimate, self.min), self.max)
-        return self.max
+                return min(max(estimate, self._min), self._max)
+        return self._max
 
     def summary(self, keys: tuple[str, ...] = ("p50", "p95")) -> dict[str, float | None]:
         """Named percentiles, for the report.
@@ -130,7 +164,7 @@ class Quantiles:
         out: dict[str, float | None] = {}
         for key in keys:
             if key == "max":
-                out[key] = self.max if self.count else None
+                out[key] = self.max
             else:
                 out[key] = self.quantile(float(key[1:]) / 100)
         return out

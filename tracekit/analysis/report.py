@@ -11,6 +11,7 @@ lack with defaults.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,8 @@ class Report:
         slowest: the slowest request as a waterfall, or ``None`` when there are no requests.
         timeline: the event-loop timeline, or ``None`` for uninstrumented traces.
         sample: the requests the rules and the replay saw (not serialised).
+        warnings: what the reader skipped or cut, one line each (not serialised; the CLI
+            prints them on stderr).
     """
 
     source: str
@@ -79,6 +82,7 @@ class Report:
     slowest: dict[str, Any] | None
     timeline: dict[str, Any] | None
     sample: list[RequestRecord] = field(default_factory=list, repr=False)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data, schema ``tracekit.report/1`` (stable key set)."""
@@ -172,6 +176,7 @@ def build_report(
     spans: int,
     services: Sequence[str],
     run_rules: bool = True,
+    routes: Sequence[str] | None = None,
 ) -> Report:
     """Finish an analysis: route statistics, findings, validation, waterfall and timeline.
 
@@ -181,17 +186,18 @@ def build_report(
         spans: how many spans were read.
         services: service names seen.
         run_rules: run the rules and the replay on the sample (off for raw statistics).
+        routes: report findings on these routes only (the ``route`` filter of ``analyze``;
+            ``agg`` counted only them, its sample holds every route); ``None``: all.
 
     Returns:
         The report.
     """
     sample = agg.sample()
-    routes = agg.routes()
+    route_dicts = agg.routes()
     findings: list[Any] = []
     validation: dict[str, Any] | None = None
-    if run_rules and sample:
-        findings = _findings(sample, routes, agg)
-        validation = _validation(sample)
+    if run_rules and sample and agg.requests:
+        findings, validation = _rules_and_validation(sample, route_dicts, agg, routes)
     return Report(
         source=source,
         requests=agg.requests,
@@ -200,7 +206,7 @@ def build_report(
         instrumented=agg.instrumented,
         slo=agg.slo.to_dict() if agg.slo is not None else None,
         validation=validation,
-        routes=routes,
+        routes=route_dicts,
         findings=findings,
         slowest=waterfall(agg.slowest) if agg.slowest is not None else None,
         timeline=timeline(sample) if agg.instrumented else None,
@@ -208,33 +214,39 @@ def build_report(
     )
 
 
-def _findings(
-    sample: list[RequestRecord], routes: list[dict[str, Any]], agg: Aggregator
-) -> list[Any]:
+def _rules_and_validation(
+    sample: list[RequestRecord],
+    route_dicts: list[dict[str, Any]],
+    agg: Aggregator,
+    only: Sequence[str] | None,
+) -> tuple[list[Any], dict[str, Any] | None]:
     try:
-        from tracekit.analysis.rules import DEFAULT_RULES, RuleContext
-    except ImportError:  # the rules are not installed in this build: statistics only
-        return []
-    ctx = RuleContext(routes=routes, slo=agg.slo)
+        from tracekit.analysis.findings import RuleContext
+        from tracekit.analysis.replay import ReplayConfig, Replayer
+    except ImportError:  # the replay is not part of this build: statistics only
+        return [], None
+    # Looked up, not imported by name: a build without rules still validates and reports.
+    rules: Sequence[Any] = getattr(
+        importlib.import_module("tracekit.analysis.rules"), "DEFAULT_RULES", ()
+    )
+    single = only[0] if only is not None and len(only) == 1 else None
+    ctx = RuleContext(route=single, routes=route_dicts, slo=agg.slo)
+    # One replayer for the self-check and every projection: it caches the as-recorded replay.
+    replayer = Replayer(ReplayConfig(thread_pool_size=ctx.thread_pool_size, cores=ctx.cores))
+    ctx.project = replayer.project
+    validation: dict[str, Any] = replayer.validate(sample).to_dict()
     found: list[Any] = []
-    for rule in DEFAULT_RULES:
+    for rule in rules:
         found.extend(rule(sample, ctx))
+    if only is not None:
+        found = [f for f in found if f.route in only]
     found.sort(key=lambda f: (_SEVERITY_RANK.get(str(f.severity), len(SEVERITIES)), -_impact(f)))
-    return found
+    return found, validation
 
 
 def _impact(finding: Any) -> float:
     impact = getattr(finding, "impact_ms", None)
     return float(impact) if isinstance(impact, (int, float)) else 0.0
-
-
-def _validation(sample: list[RequestRecord]) -> dict[str, Any] | None:
-    try:
-        from tracekit.analysis.replay import validate
-    except ImportError:
-        return None
-    result: dict[str, Any] = validate(sample).to_dict()
-    return result
 
 
 def waterfall(req: RequestRecord) -> dict[str, Any]:
@@ -335,26 +347,23 @@ def _lane(req: RequestRecord, base_ns: int) -> dict[str, Any]:
     def ms(ns: int) -> float:
         return (ns - base_ns) / 1e6
 
-    slices = [
-        {"stage": "request", "kind": "other", "start_ms": ms(a), "end_ms": ms(b)}
-        for a, b in req.loop_slices
+    slices: list[tuple[float, float, str, str]] = [
+        (ms(a), ms(b), "request", "other") for a, b in req.loop_slices
     ]
-    waits = [{"stage": "request", "start_ms": ms(a), "end_ms": ms(b)} for a, b in req.loop_waits]
+    waits: list[tuple[float, float, str]] = [(ms(a), ms(b), "request") for a, b in req.loop_waits]
     for stage in req.stages:
-        slices.extend(
-            {"stage": stage.name, "kind": stage.kind, "start_ms": ms(a), "end_ms": ms(b)}
-            for a, b in stage.loop_slices
-        )
-        waits.extend(
-            {"stage": stage.name, "start_ms": ms(a), "end_ms": ms(b)} for a, b in stage.loop_waits
-        )
-    slices.sort(key=lambda s: s["start_ms"])
-    waits.sort(key=lambda w: w["start_ms"])
+        slices.extend((ms(a), ms(b), stage.name, stage.kind) for a, b in stage.loop_slices)
+        waits.extend((ms(a), ms(b), stage.name) for a, b in stage.loop_waits)
+    slices.sort()
+    waits.sort()
     return {
         "trace_id": req.trace_id,
         "route": req.route,
         "start_ms": ms(req.start_ns),
         "end_ms": ms(req.end_ns),
-        "slices": slices,
-        "loop_waits": waits,
+        "slices": [
+            {"stage": stage, "kind": kind, "start_ms": a, "end_ms": b}
+            for a, b, stage, kind in slices
+        ],
+        "loop_waits": [{"stage": stage, "start_ms": a, "end_ms": b} for a, b, stage in waits],
     }

@@ -165,7 +165,8 @@ def _to_ms(value: Any) -> float:
         match = _VALUE.match(value)
         if match is None:
             raise ConfigurationError(
-                f"bad SLO value {value.strip()!r}; expected a number with a unit (us, ms, s), e.g. 500ms"
+                f"bad SLO value {value.strip()!r}; "
+                "expected a number with a unit (us, ms, s), e.g. 500ms"
             )
         ms = float(match.group(1)) * _UNITS_MS[match.group(2)]
     else:

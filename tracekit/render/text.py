@@ -54,7 +54,7 @@ ASCII = Glyphs("#", ".", "->", "<=", "-")
 
 
 def use_color(stream: TextIO) -> bool:
-    """Whether to colour output to ``stream``: a TTY, ``NO_COLOR`` unset (or ``FORCE_COLOR`` set)."""
+    """Whether to colour ``stream``: a TTY and ``NO_COLOR`` unset, or ``FORCE_COLOR`` set."""
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
@@ -107,17 +107,13 @@ def render_text(
 
 def fmt_ms(value: Any) -> str:
     """A duration in ms with 3 significant digits (``-`` when unknown)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+    if not _is_number(value):
         return "-"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 10:
         return f"{value:.1f}"
     return f"{value:.2f}"
-
-
-def _rps(value: Any) -> str:
-    return "-" if not isinstance(value, (int, float)) else f"{value:,.1f} req/s"
 
 
 class _Renderer:
@@ -134,158 +130,148 @@ class _Renderer:
         self._findings(d.get("findings") or [], bool(d.get("requests")))
         return "\n".join(line.rstrip() for line in self.lines) + "\n"
 
-    # --- pieces -----------------------------------------------------------------------------
+    # --- primitives ---------------------------------------------------------------------------
     def _add(self, text: str = "") -> None:
         self.lines.append(text)
 
-    def _wrap(self, text: str, indent: int) -> None:
+    def _wrap(self, text: str, indent: int, tone: str = "", hang: int = 0) -> None:
+        # Wrapped on the plain text, so that colour codes never count as columns.
         pad = " " * indent
-        wrapped = textwrap.wrap(text, self.width - indent) or [""]
-        self.lines.extend(pad + line for line in wrapped)
+        lines = textwrap.wrap(
+            text, self.width - indent, subsequent_indent=" " * hang, break_on_hyphens=False
+        )
+        end = self.p.reset if tone else ""
+        self.lines.extend(f"{pad}{tone}{line}{end}" for line in lines or [""])
 
     def _cut(self, text: str, limit: int) -> str:
+        text = " ".join(text.split())  # trace text may hold newlines and tabs
         if len(text) <= limit:
             return text
         return text[: max(limit - 1, 1)] + ("…" if self.g is UNICODE else "~")
 
+    def _cut_code(self, line: str, limit: int) -> str:
+        # Code keeps its indentation; only tabs and stray control characters are replaced.
+        line = "".join(c if c.isprintable() else " " for c in line.expandtabs(4)).rstrip()
+        if len(line) <= limit:
+            return line
+        return line[: max(limit - 1, 1)] + ("…" if self.g is UNICODE else "~")
+
+    # --- sections -----------------------------------------------------------------------------
     def _header(self, d: Mapping[str, Any]) -> None:
         p, g = self.p, self.g
-        self._add(
-            f"{p.bold}tracekit report{p.reset} {g.dot} {self._cut(str(d.get('source', '')), self.width - 20)}"
-        )
-        services = ", ".join(d.get("services") or []) or "unknown"
+        source = self._cut(str(d.get("source", "")), self.width - 18)
+        self._add(f"{p.bold}tracekit report{p.reset} {g.dot} {source}")
+        services = ", ".join(str(s) for s in d.get("services") or []) or "unknown"
         kind = "tracekit-instrumented" if d.get("instrumented") else "plain OpenTelemetry"
+        spans, requests = _int(d.get("spans")), _int(d.get("requests"))
         self._wrap(
-            f"{d.get('spans', 0):,} spans {g.dot} {d.get('requests', 0):,} requests {g.dot} "
+            f"{_count(spans, 'span')} {g.dot} {_count(requests, 'request')} {g.dot} "
             f"services: {services} {g.dot} {kind}",
             0,
         )
         slo = d.get("slo")
-        if slo:
+        if isinstance(slo, Mapping):
             parts = [
                 f"{key.removesuffix('_ms')} {g.le} {fmt_ms(value)} ms"
                 for key, value in slo.items()
                 if value is not None
             ]
-            self._add(f"SLO: {', '.join(parts)}")
+            self._wrap(f"SLO: {', '.join(parts)}", 0)
         validation = d.get("validation")
-        if validation:
+        if isinstance(validation, Mapping):
             self._validation(validation)
 
     def _validation(self, v: Mapping[str, Any]) -> None:
-        p = self.p
         if v.get("ok"):
-            self._add(
-                f"Replay model: {p.green}validated{p.reset} against the recording "
-                f"(p50 error {_pct(v.get('p50_error'))}, p95 error {_pct(v.get('p95_error'))})"
+            text = (
+                "Replay model: validated against the recording (p50 error "
+                f"{_pct(v.get('p50_error'))}, p95 error {_pct(v.get('p95_error'))})"
             )
+            self._wrap(text, 0, self.p.green)
         else:
-            self._wrap(
-                f"Replay model: not validated, no projections: {v.get('reason') or 'unknown'}", 0
-            )
+            reason = v.get("reason") or "unknown reason"
+            self._wrap(f"Replay model: not validated, so no projections: {reason}", 0, self.p.dim)
 
     def _route(self, r: Mapping[str, Any]) -> None:
         p, g = self.p, self.g
         self._add()
         self._add(f"{p.bold}{p.cyan}{self._cut(str(r.get('route')), self.width)}{p.reset}")
-        errors = r.get("errors") or 0
-        err = f"{p.red}{errors:,} errors{p.reset}" if errors else "0 errors"
+        errors = _int(r.get("errors"))
+        err = f"{p.red}{_count(errors, 'error')}{p.reset}" if errors else "0 errors"
         self._add(
-            f"  {r.get('requests', 0):,} requests {g.dot} {err} {g.dot} {_rps(r.get('throughput_rps'))}"
+            f"  {_count(_int(r.get('requests')), 'request')} {g.dot} {err} {g.dot} "
+            f"{_rps(r.get('throughput_rps'))}"
         )
         lat = r.get("latency_ms") or {}
-        self._add(
-            "  latency ms    "
-            + "  ".join(f"{k} {fmt_ms(lat.get(k))}" for k in ("p50", "p90", "p95", "p99", "max"))
-        )
+        cells = "  ".join(f"{k} {fmt_ms(lat.get(k))}" for k in ("p50", "p90", "p95", "p99", "max"))
+        self._wrap(f"latency ms    {cells}", 2, hang=14)
         self._breakdown(r.get("breakdown_ms") or {})
         self._streaming(r.get("streaming"))
         goodput = r.get("goodput")
-        if goodput:
-            self._add(
-                f"  goodput       {_rps(goodput.get('rps'))} "
-                f"({_pct(goodput.get('fraction'))} of requests meet the SLO)"
+        if isinstance(goodput, Mapping):
+            self._wrap(
+                f"goodput       {_rps(goodput.get('rps'))} "
+                f"({_pct(goodput.get('fraction'))} of requests meet the SLO)",
+                2,
+                hang=14,
             )
         self._stages(r.get("stages") or [])
 
     def _breakdown(self, b: Mapping[str, Any]) -> None:
-        values = {k: v for k, v in b.items() if isinstance(v, (int, float))}
+        values = {k: v for k, v in b.items() if _is_number(v)}
         if not values:
-            self._add(
-                f"  breakdown     {self.p.dim}no tracekit attributes: wall time only{self.p.reset}"
-            )
+            self._wrap("breakdown     no tracekit attributes: wall time only", 2, self.p.dim)
             return
         self._add("  breakdown     mean ms per request")
         top = max(max(values.values()), 1e-9)
-        bar = min(_BAR, self.width - 34)
+        bar = max(0, min(_BAR, self.width - 34))
         for key, value in values.items():
-            filled = round(bar * value / top)
-            label = key.replace("_", " ")
-            self._add(
-                f"    {label:<13} {self.g.full * filled}{self.g.empty * (bar - filled)} {fmt_ms(value):>8}"
-            )
+            filled = max(0, min(bar, round(bar * value / top)))
+            drawn = self.g.full * filled + self.g.empty * (bar - filled)
+            self._add(f"    {key.replace('_', ' '):<13} {drawn} {fmt_ms(value):>8}")
 
-    def _streaming(self, s: Mapping[str, Any] | None) -> None:
-        if not s:
+    def _streaming(self, s: Any) -> None:
+        if not isinstance(s, Mapping):
             return
-        names = {"ttft_ms": "TTFT", "itl_ms": "ITL (per-request p95)", "tpot_ms": "TPOT"}
-        for key, label in names.items():
+        labels = {"ttft_ms": "TTFT ms", "itl_ms": "ITL ms", "tpot_ms": "TPOT ms"}
+        for key, label in labels.items():
             q = s.get(key) or {}
             if any(v is not None for v in q.values()):
                 cells = "  ".join(f"{k} {fmt_ms(v)}" for k, v in q.items())
-                self._add(
-                    f"  {label + ' ms':<13} {cells}"
-                    if len(label) < 11
-                    else f"  {label} ms  {cells}"
-                )
+                self._wrap(f"{label:<13} {cells}", 2, hang=14)
+        self._wrap("(ITL: each request's own p95 inter-chunk gap)", 16, self.p.dim)
 
     def _stages(self, stages: list[Mapping[str, Any]]) -> None:
         if not stages:
             return
-        wide = self.width >= 100
-        name_w = max(8, min(28, self.width - (86 if wide else 58)))
-        head = f"    {'stage':<{name_w}} {'kind':<9} {'count':>6} {'wall p50/p95':>14} {'cpu p50/p95':>14}"
-        if wide:
-            head += f" {'wait p50':>9} {'loopw p50':>9} {'loop':>4} {'max blk':>8}"
+        # Optional columns are dropped from the right until the table fits the width.
+        columns = [c for c in _STAGE_COLUMNS]
+        while columns and 24 + sum(w + 1 for _, w, _ in columns) > self.width:
+            columns.pop()
+        name_w = max(8, min(28, self.width - 16 - sum(w + 1 for _, w, _ in columns)))
+        head = f"    {'stage':<{name_w}} {'kind':<9}" + "".join(f" {h:>{w}}" for h, w, _ in columns)
         self._add("  stages")
         self._add(self.p.dim + head + self.p.reset)
-        for s in stages:
-            self._stage(s, name_w, wide)
-
-    def _stage(self, s: Mapping[str, Any], name_w: int, wide: bool) -> None:
-        wall, cpu = s.get("wall_ms") or {}, s.get("cpu_ms") or {}
-        on_loop = {True: "yes", False: "no"}.get(s.get("on_loop"), "-")  # type: ignore[arg-type]
-        line = (
-            f"    {self._cut(str(s.get('stage')), name_w):<{name_w}} {self._cut(str(s.get('kind')), 9):<9} "
-            f"{s.get('count', 0):>6,} {_pair(wall):>14} {_pair(cpu):>14}"
-        )
-        if wide:
-            line += (
-                f" {fmt_ms((s.get('wait_ms') or {}).get('p50')):>9}"
-                f" {fmt_ms((s.get('loop_wait_ms') or {}).get('p50')):>9} {on_loop:>4}"
-                f" {fmt_ms(s.get('max_block_ms')):>8}"
-            )
-        self._add(line)
-        where = [
-            str(x)
-            for x in (s.get("function"), s.get("blocked_at") and f"blocked at {s['blocked_at']}")
-            if x
-        ]
-        if where:
-            self._add(
-                f"{self.p.dim}      {self._cut(' '.join(where), self.width - 6)}{self.p.reset}"
-            )
+        for stage in stages:
+            cells = "".join(f" {get(stage):>{w}}" for _, w, get in columns)
+            name = self._cut(str(stage.get("stage")), name_w)
+            self._add(f"    {name:<{name_w}} {self._cut(str(stage.get('kind')), 9):<9}{cells}")
+            where = [str(stage["function"])] if stage.get("function") else []
+            if stage.get("blocked_at"):
+                where.append(f"blocked at {stage['blocked_at']}")
+            if where:
+                self._add(
+                    f"      {self.p.dim}{self._cut(' '.join(where), self.width - 6)}{self.p.reset}"
+                )
 
     def _findings(self, findings: list[Mapping[str, Any]], any_requests: bool) -> None:
         p = self.p
         self._add()
         if not findings:
-            text = (
-                "No findings: nothing on the request path stands out."
-                if any_requests
-                else "No requests found."
-            )
-            self._add(f"{p.green}{text}{p.reset}" if any_requests else text)
+            if any_requests:
+                self._wrap("No findings: nothing on the request path stands out.", 0, p.green)
+            else:
+                self._add("No requests found.")
             return
         self._add(f"{p.bold}Findings ({len(findings)}){p.reset}")
         for f in findings:
@@ -295,52 +281,94 @@ class _Renderer:
         p, g = self.p, self.g
         severity = str(f.get("severity", "low"))
         tone = {"high": p.red, "medium": p.yellow}.get(severity, p.dim)
-        where = " ".join(
-            x
-            for x in (
-                str(f.get("route") or ""),
-                f.get("stage") and f"{g.dot} {f['stage']}",
-                f.get("function") and f"({f['function']})",
-            )
-            if x
-        )
+        where = [str(f.get("route") or "")]
+        if f.get("stage"):
+            where.append(f"{g.dot} {f['stage']}")
+        if f.get("function"):
+            where.append(f"({f['function']})")
         self._add()
-        self._wrap(
-            f"{tone}{severity.upper()}{p.reset} {p.bold}{f.get('rule')}{p.reset} {g.dot} {where}", 2
-        )
+        self._add(f"  {tone}{p.bold}{severity.upper()}{p.reset} {p.bold}{f.get('rule')}{p.reset}")
+        self._wrap(" ".join(where), 4)
         self._wrap(str(f.get("evidence") or ""), 4)
-        if isinstance(f.get("impact_ms"), (int, float)):
+        if _is_number(f.get("impact_ms")):
             self._add(f"    impact: {fmt_ms(f['impact_ms'])} ms per request")
-        fix = f.get("fix") or {}
-        if fix:
-            self._wrap(f"fix: {fix.get('title', '')}", 4)
+        fix = f.get("fix")
+        if isinstance(fix, Mapping):
+            self._wrap(f"fix: {fix.get('title', '')}", 4, hang=5)
             for line in str(fix.get("code") or "").splitlines():
-                self._add(f"      {p.cyan}{self._cut(line, self.width - 6)}{p.reset}")
+                self._add(f"      {p.cyan}{self._cut_code(line, self.width - 6)}{p.reset}")
         self._projection(f)
 
     def _projection(self, f: Mapping[str, Any]) -> None:
         g = self.g
         proj = f.get("projection")
-        if not proj:
+        if not isinstance(proj, Mapping):
             note = f.get("projection_note")
             if note:
-                self._wrap(f"no projection: {note}", 4)
+                self._wrap(f"no projection: {note}", 4, self.p.dim, hang=2)
             return
         parts = []
-        for key, label, unit in (
-            ("p50_ms", "p50", " ms"),
-            ("p95_ms", "p95", " ms"),
-            ("throughput_rps", "throughput", " req/s"),
-        ):
+        for key, label, unit in _PROJECTED:
             pair = proj.get(key)
             if isinstance(pair, (list, tuple)) and len(pair) == 2:
                 parts.append(f"{label} {fmt_ms(pair[0])} {g.arrow} {fmt_ms(pair[1])}{unit}")
-        self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4)
+        self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4, self.p.green, hang=2)
 
 
-def _pair(q: Mapping[str, Any]) -> str:
-    return f"{fmt_ms(q.get('p50'))}/{fmt_ms(q.get('p95'))}"
+_PROJECTED = (("p50_ms", "p50", " ms"), ("p95_ms", "p95", " ms"), ("throughput_rps", "rps", ""))
+
+
+def _q(key: str, q: str) -> Any:
+    def get(stage: Mapping[str, Any]) -> str:
+        values = stage.get(key)
+        return fmt_ms(values.get(q) if isinstance(values, Mapping) else None)
+
+    return get
+
+
+def _pair(key: str) -> Any:
+    def get(stage: Mapping[str, Any]) -> str:
+        v = stage.get(key)
+        v = v if isinstance(v, Mapping) else {}
+        return f"{fmt_ms(v.get('p50'))}/{fmt_ms(v.get('p95'))}"
+
+    return get
+
+
+def _on_loop(stage: Mapping[str, Any]) -> str:
+    value = stage.get("on_loop")
+    return "yes" if value is True else "no" if value is False else "-"
+
+
+#: Stage table columns after name and kind: (header, width, cell), most important first.
+_STAGE_COLUMNS = (
+    ("count", 6, lambda s: f"{_int(s.get('count')):,}"),
+    ("wall p50/p95", 14, _pair("wall_ms")),
+    ("cpu p50/p95", 14, _pair("cpu_ms")),
+    ("wait p50", 8, _q("wait_ms", "p50")),
+    ("loopw p50", 9, _q("loop_wait_ms", "p50")),
+    ("loop", 4, _on_loop),
+    ("max blk", 8, lambda s: fmt_ms(s.get("max_block_ms"))),
+)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _int(value: Any) -> int:
+    return int(value) if _is_number(value) else 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _rps(value: Any) -> str:
+    if not _is_number(value):
+        return "- req/s"
+    return f"{value:,.1f} req/s" if value >= 1 else f"{value:.3g} req/s"
 
 
 def _pct(value: Any) -> str:
-    return "-" if not isinstance(value, (int, float)) else f"{100 * value:.1f}%"
+    return "-" if not _is_number(value) else f"{100 * value:.1f}%"

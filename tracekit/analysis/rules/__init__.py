@@ -1,1 +1,76 @@
-"""One module per rule id (DESIGN §4)."""
+"""One module per rule id (DESIGN §4); :data:`DEFAULT_RULES` is what ``analyze`` runs.
+
+A rule is a class with an ``id``, its thresholds as ``__init__`` arguments (documented
+defaults, see ``docs/analyzer-rules.md``), and ``__call__(requests, ctx) -> list[Finding]``:
+``requests`` is the bounded request sample (sorted by start, possibly of several routes and
+services), ``ctx`` a :class:`~tracekit.analysis.findings.RuleContext`. Rules never raise on
+odd data: what they cannot judge, they skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from tracekit.analysis.findings import Finding, RuleContext
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
+from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
+from tracekit.analysis.rules.sequential_independent import SequentialIndependent
+from tracekit.analysis.rules.serialized_model_calls import SerializedModelCalls
+from tracekit.analysis.rules.stream_stall import StreamStall
+
+
+class Rule(Protocol):
+    """What a rule looks like."""
+
+    id: str
+
+    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
+        """The rule's findings on ``requests``."""
+        ...
+
+
+#: The rules ``tracekit analyze`` runs, one instance per rule id, default thresholds.
+DEFAULT_RULES: list[Rule] = [
+    CpuOnLoop(),
+    BlockingCallOnLoop(),
+    SequentialIndependent(),
+    SerializedModelCalls(),
+    StreamStall(),
+]
+
+
+def run_rules(
+    requests: Sequence[RequestRecord],
+    ctx: RuleContext | None = None,
+    rules: Sequence[Rule] | None = None,
+) -> list[Finding]:
+    """Run ``rules`` (default :data:`DEFAULT_RULES`) on ``requests``.
+
+    Args:
+        requests: the request sample.
+        ctx: the context (default: a fresh :class:`RuleContext`).
+        rules: the rules to run.
+
+    Returns:
+        All findings, most severe first, then by impact.
+    """
+    ctx = ctx or RuleContext()
+    found = [f for rule in (rules or DEFAULT_RULES) for f in rule(requests, ctx)]
+    rank = {"high": 0, "medium": 1, "low": 2}
+    found.sort(key=lambda f: (rank.get(f.severity, 3), -f.impact_ms))
+    return found
+
+
+__all__ = [
+    "DEFAULT_RULES",
+    "BlockingCallOnLoop",
+    "CpuOnLoop",
+    "Rule",
+    "RuleContext",
+    "SequentialIndependent",
+    "SerializedModelCalls",
+    "StreamStall",
+    "run_rules",
+]

@@ -1,0 +1,358 @@
+"""The replay's discrete-event engine: one event loop, a thread pool, a process pool, the GIL.
+
+A request is a *program*: a list of nodes, run in order by a cursor.
+
+========================  =================================================================
+``(LOOP, gil, block)``    run on the event-loop thread: ``gil`` ms of CPU holding the GIL,
+                          then ``block`` ms holding the loop without CPU or GIL (a blocking
+                          call). The loop is a single server with a FIFO ready queue.
+``(DELAY, ms)``           wait for something outside the process (I/O, a model server);
+                          holds nothing. ``DELAY 0`` is a yield: what follows re-queues.
+``(CPU, ms, gil)``        CPU on the thread that holds a :data:`HOLD` slot (a pool worker),
+                          holding the GIL when ``gil`` is true.
+``(HOLD, key, items)``    take one slot of resource ``key`` (FIFO; the thread pool, the process
+                          pool, a model server, a lock), run ``items``, give it back.
+``(PAR, branches)``       run each branch (a list of nodes) concurrently; continue when all end.
+========================  =================================================================
+
+CPU sharing (processor sharing, recomputed at every event): every running CPU burst wants one
+core. Bursts that hold the GIL share one core between them (the GIL lets one thread run
+Python at a time; CPython hands it over every 5 ms switch interval, so several GIL-bound
+threads progress like processor sharing at ``1/n`` each); GIL-free bursts (a process pool,
+native code that releases the GIL) share the remaining cores. The allocation is max-min fair
+over ``cores``: everybody gets ``min(1, cores / n)``, unless that gives the GIL group more
+than one core, in which case the GIL group gets one core in total and the GIL-free bursts
+share the rest. A loop slice's CPU is a GIL burst, so worker threads running pure Python
+slow the loop down, which is the GIL cost of ``asyncio.to_thread`` for pure-Python work.
+
+The loop runs like asyncio's ``_run_once``: an *iteration* runs the callbacks that were ready
+when it began; callbacks scheduled meanwhile with ``call_soon`` (a task woken by another
+task, a ``sleep(0)``, a worker thread's result via ``call_soon_threadsafe``) join the ready
+queue at once, for the next iteration; timers that expire and sockets that become readable
+meanwhile (a model's answer, a new request) are only picked up at the start of the next
+iteration, after those. A resumption after a :data:`DELAY` (of 1 µs or more), a new request,
+and a model-server answer are I/O; the rest is ``call_soon``.
+
+Times are float milliseconds from the start of the replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+LOOP = 0
+DELAY = 1
+CPU = 2
+HOLD = 3
+PAR = 4
+
+Node = tuple[Any, ...]
+_EPS = 1e-9
+_IO_MS = 0.001  # a DELAY this long or longer is a wait for I/O or a timer, not a yield
+
+
+class _Cursor:
+    __slots__ = ("i", "io", "items", "parent", "release", "req")
+
+    def __init__(self, items: Sequence[Node], parent: Any, release: Any, req: int) -> None:
+        self.items = items
+        self.i = 0
+        self.parent = parent  # a _Cursor, a _Join, or None (the request's program)
+        self.release = release  # the _Resource this cursor holds a slot of, or None
+        self.req = req
+        self.io = False  # its next loop step was made ready by I/O or a timer
+
+
+class _Join:
+    __slots__ = ("count", "cursor")
+
+    def __init__(self, count: int, cursor: _Cursor) -> None:
+        self.count = count
+        self.cursor = cursor
+
+
+class _Resource:
+    __slots__ = ("busy", "capacity", "queue", "threaded")
+
+    def __init__(self, capacity: int | None, threaded: bool) -> None:
+        self.capacity = capacity
+        self.busy = 0
+        self.queue: deque[_Cursor] = deque()
+        self.threaded = threaded  # a pool: its results come back through call_soon_threadsafe
+
+
+class _Burst:
+    __slots__ = ("done", "gil", "rate", "remaining")
+
+    def __init__(self, work: float, gil: bool, done: Callable[[], None]) -> None:
+        self.remaining = work
+        self.gil = gil
+        self.rate = 0.0
+        self.done = done
+
+
+class Simulation:
+    """One process: its event loop, its pools, its GIL, and ``cores`` CPU cores.
+
+    Args:
+        cores: CPU cores the process (and its process pool) may use, >= 1.
+        capacities: slots per :data:`HOLD` resource key; ``None`` means unlimited. A key not
+            listed is unlimited.
+        pools: the keys that are worker pools (threads, processes).
+    """
+
+    def __init__(
+        self, cores: int, capacities: dict[str, int | None], pools: frozenset[str] = frozenset()
+    ) -> None:
+        self._pools = pools
+        self.cores = cores
+        self.now = 0.0
+        self._capacities = capacities
+        self._resources: dict[str, _Resource] = {}
+        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
+        self._seq = 0
+        self._ready: deque[tuple[_Cursor, float, float]] = deque()
+        self._io_ready: deque[tuple[_Cursor, float, float]] = deque()  # for the next iteration
+        self._batch = 0  # callbacks left in the current iteration
+        self._loop_busy = False
+        self._bursts: list[_Burst] = []
+        self._cpu_t = 0.0
+        self._rates_stale = False
+        self._ends: list[float] = []
+        self._first: list[float] = []
+        self._on_end: Callable[[int, float], None] | None = None
+
+    def run(
+        self,
+        programs: Sequence[Sequence[Node]],
+        arrivals: Sequence[float | None],
+        on_end: Callable[[int, float], None] | None = None,
+    ) -> list[float]:
+        """Run the programs to completion.
+
+        Args:
+            programs: one program per request.
+            arrivals: start time of each request (ms); ``None`` for requests that
+                ``on_end`` starts later with :meth:`start` (closed-loop clients).
+            on_end: called as ``on_end(request_index, end_ms)`` when a request ends.
+
+        Returns:
+            The end time (ms) of every request (``nan`` if it never started).
+        """
+        self._programs = programs
+        self._ends = [float("nan")] * len(programs)
+        self._first = [float("nan")] * len(programs)
+        self._on_end = on_end
+        for index, arrival in enumerate(arrivals):
+            if arrival is not None:
+                self._at(arrival, self._arrive, index)
+        self._main()
+        return self._ends
+
+    @property
+    def first_run(self) -> list[float]:
+        """When each request's code first ran on the loop (its recorded start, in tracekit's
+        terms: the server span starts inside the request's first step); ``nan`` if never."""
+        return self._first
+
+    def start(self, index: int, at: float) -> None:
+        """Start request ``index`` at time ``at`` (>= now), from an ``on_end`` callback."""
+        self._at(max(at, self.now), self._arrive, index)
+
+    # --- event machinery --------------------------------------------------------------
+    def _at(self, time: float, fn: Callable[[Any], None], arg: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (time, self._seq, fn, arg))
+
+    def _main(self) -> None:
+        heap = self._heap
+        while True:
+            next_event = heap[0][0] if heap else float("inf")
+            next_cpu = self._next_cpu_end()
+            if next_event == float("inf") and next_cpu == float("inf"):
+                return
+            if next_cpu <= next_event:
+                self._advance(next_cpu)
+                self._finish_bursts()
+            else:
+                self._advance(next_event)
+                _, _, fn, arg = heapq.heappop(heap)
+                fn(arg)
+
+    def _advance(self, time: float) -> None:
+        dt = time - self._cpu_t
+        if dt > 0 and self._bursts:
+            for burst in self._bursts:
+                burst.remaining -= burst.rate * dt
+        self._cpu_t = time
+        self.now = time
+
+    # --- CPU sharing ------------------------------------------------------------------
+    def _add_burst(self, work: float, gil: bool, done: Callable[[], None]) -> None:
+        self._bursts.append(_Burst(work, gil, done))
+        self._rates_stale = True
+
+    def _next_cpu_end(self) -> float:
+        if not self._bursts:
+            return float("inf")
+        if self._rates_stale:
+            self._share()
+        best = float("inf")
+        for burst in self._bursts:
+            if burst.rate > 0:
+                t = burst.remaining / burst.rate
+                if t < best:
+                    best = t
+        return self._cpu_t + max(best, 0.0)
+
+    def _share(self) -> None:
+        self._rates_stale = False
+        bursts = self._bursts
+        n_gil = sum(1 for b in bursts if b.gil)
+        n_free = len(bursts) - n_gil
+        each = min(1.0, self.cores / len(bursts))
+        if n_gil * each <= 1.0:
+            gil_rate = free_rate = each
+        else:
+            gil_rate = 1.0 / n_gil
+            free_rate = min(1.0, (self.cores - 1) / n_free) if n_free else 0.0
+        for burst in bursts:
+            burst.rate = gil_rate if burst.gil else free_rate
+
+    def _finish_bursts(self) -> None:
+        done = [b for b in self._bursts if b.remaining <= _EPS]
+        if not done:  # float rounding: finish the one closest to its end
+            done = [min(self._bursts, key=lambda b: b.remaining)]
+        self._bursts = [b for b in self._bursts if b not in done]
+        self._rates_stale = True
+        for burst in done:
+            burst.done()
+
+    # --- the event loop ---------------------------------------------------------------
+    def _enqueue(self, cursor: _Cursor, gil: float, block: float) -> None:
+        entry = (cursor, gil, block)
+        io, cursor.io = cursor.io, False
+        if not self._loop_busy:  # the loop sleeps in select(): it wakes for this at once
+            self._ready.append(entry)
+            self._iterate()
+        elif io:
+            self._io_ready.append(entry)
+        else:
+            self._ready.append(entry)
+
+    def _iterate(self) -> None:
+        # A new iteration: timers and I/O that became ready join after the call_soon ones.
+        self._ready.extend(self._io_ready)
+        self._io_ready.clear()
+        self._batch = len(self._ready)
+        self._loop_next()
+
+    def _loop_next(self) -> None:
+        if self._batch <= 0:
+            if self._ready or self._io_ready:
+                self._iterate()
+            else:
+                self._loop_busy = False
+            return
+        self._batch -= 1
+        self._loop_busy = True
+        cursor, gil, block = self._ready.popleft()
+        if math.isnan(self._first[cursor.req]):  # its first step
+            self._first[cursor.req] = self.now
+        if gil > 0:
+            self._add_burst(gil, True, lambda: self._loop_cpu_done(cursor, block))
+        else:
+            self._loop_cpu_done(cursor, block)
+
+    def _loop_cpu_done(self, cursor: _Cursor, block: float) -> None:
+        if block > 0:
+            self._at(self.now + block, self._loop_done, cursor)
+        else:
+            self._loop_done(cursor)
+
+    def _loop_done(self, cursor: _Cursor) -> None:
+        # The request continues first (more loop work it schedules waits for the next
+        # iteration), then the loop runs the next callback of this iteration.
+        self._step(cursor)
+        self._loop_next()
+
+    # --- running programs -------------------------------------------------------------
+    def _arrive(self, index: int) -> None:
+        program = self._programs[index]
+        if not program or program[0][0] != LOOP:
+            self._first[index] = self.now
+        cursor = _Cursor(program, None, None, index)
+        cursor.io = True  # a new request arrives on a socket
+        self._step(cursor)
+
+    def _wake(self, cursor: _Cursor) -> None:
+        cursor.io = True
+        self._step(cursor)
+
+    def _resource(self, key: str) -> _Resource:
+        res = self._resources.get(key)
+        if res is None:
+            res = self._resources[key] = _Resource(self._capacities.get(key), key in self._pools)
+        return res
+
+    def _step(self, cursor: _Cursor) -> None:
+        while True:
+            items = cursor.items
+            if cursor.i >= len(items):
+                self._end(cursor)
+                return
+            node = items[cursor.i]
+            cursor.i += 1
+            tag = node[0]
+            if tag == DELAY:
+                wake = self._wake if node[1] >= _IO_MS else self._step
+                self._at(self.now + node[1], wake, cursor)
+                return
+            if tag == LOOP:
+                self._enqueue(cursor, node[1], node[2])
+                return
+            if tag == CPU:
+                self._add_burst(node[1], node[2], functools.partial(self._step, cursor))
+                return
+            if tag == HOLD:
+                res = self._resource(node[1])
+                child = _Cursor(node[2], cursor, res, cursor.req)
+                if res.capacity is None or res.busy < res.capacity:
+                    res.busy += 1
+                    cursor = child
+                    continue
+                res.queue.append(child)
+                return
+            # PAR
+            branches = node[1]
+            join = _Join(len(branches), cursor)
+            for branch in branches:
+                self._at(self.now, self._step, _Cursor(branch, join, None, cursor.req))
+            return
+
+    def _end(self, cursor: _Cursor) -> None:
+        res = cursor.release
+        if res is not None:
+            res.busy -= 1
+            if res.queue:
+                res.busy += 1
+                self._at(self.now, self._step, res.queue.popleft())
+        parent = cursor.parent
+        if parent is None:
+            self._ends[cursor.req] = self.now
+            if self._on_end is not None:
+                self._on_end(cursor.req, self.now)
+        elif isinstance(parent, _Join):
+            parent.count -= 1
+            if parent.count == 0:
+                self._step(parent.cursor)  # gather's waiter is woken with call_soon
+        else:
+            # A pool's result comes back through call_soon_threadsafe; otherwise whatever
+            # woke the held work's last step (a model's answer: I/O) wakes the parent.
+            parent.io = False if res is not None and res.threaded else cursor.io
+            self._step(parent)

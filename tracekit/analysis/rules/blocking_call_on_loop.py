@@ -1,0 +1,116 @@
+"""``blocking-call-on-loop``: a stage holds the event loop for long with little CPU.
+
+A sync call (``time.sleep``, a sync HTTP client, a GPU synchronize, a file read) blocks the
+loop thread without running on the CPU: the stage's own loop slices add up to much more than
+its CPU. Detects, per route and stage, time held off-CPU with p95 per request >=
+``min_block_ms`` making up at least ``off_cpu_share`` of the time held. The share is high
+(0.8: held >= 5x its CPU) because a host short of CPU (other processes, a container's CPU
+quota) stretches CPU-bound slices too: measured here, a 20 ms CPU tokenize held the loop
+for 40-50 ms on a loaded 2-core machine, which is ``cpu-on-loop``'s case, not a blocking
+call. The fix names where
+the watchdog caught it (``tracekit.blocked_at``) and replaces the call with its async
+equivalent, or runs it in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tracekit.analysis._intervals import StageTree, percentile
+from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.rules import _fixes
+from tracekit.analysis.rules._common import (
+    LoopIndex,
+    Usage,
+    by_route,
+    finding,
+    function_or,
+    loop_usage,
+    ms,
+    name_of,
+    p50_latency,
+    victim_note,
+)
+
+
+class BlockingCallOnLoop:
+    """Rule ``blocking-call-on-loop``.
+
+    Args:
+        min_block_ms: fire when the time the stage held the loop without CPU has p95 per
+            request >= this (10 ms).
+        off_cpu_share: ... and that is at least this share of the time it held it (0.8).
+        min_requests: routes with fewer instrumented requests are skipped (3).
+    """
+
+    id = "blocking-call-on-loop"
+
+    def __init__(
+        self, min_block_ms: float = 10.0, off_cpu_share: float = 0.8, min_requests: int = 3
+    ) -> None:
+        self.min_block_ms = min_block_ms
+        self.off_cpu_share = off_cpu_share
+        self.min_requests = min_requests
+
+    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
+        """Findings for every (route, stage) that blocks the loop off-CPU."""
+        index = LoopIndex.of(requests, ctx)
+        out: list[Finding] = []
+        for route, reqs in by_route(requests, ctx).items():
+            if len(reqs) < self.min_requests:
+                continue
+            usages: dict[str | None, list[Usage]] = {}
+            for req in reqs:
+                for name, usage in loop_usage(req, StageTree(req)).items():
+                    usages.setdefault(name, []).append(usage)
+            p50 = p50_latency(reqs)
+            for name, uses in usages.items():
+                found = self._check(route, name, uses, p50, reqs[0].service, index, requests, ctx)
+                if found is not None:
+                    out.append(found)
+        return out
+
+    def _check(
+        self,
+        route: str,
+        name: str | None,
+        uses: list[Usage],
+        p50: float,
+        service: str,
+        index: LoopIndex,
+        requests: Sequence[RequestRecord],
+        ctx: RuleContext,
+    ) -> Finding | None:
+        off = [u.off_cpu_ms for u in uses]
+        held = sum(u.held_ms for u in uses)
+        if percentile(off, 0.95) < self.min_block_ms or held <= 0:
+            return None
+        if sum(off) / held < self.off_cpu_share:
+            return None
+        blocked_at = next((u.blocked_at for u in uses if u.blocked_at), None)
+        function = function_or(next((u for u in uses if u.stage is not None), None))
+        blame = index.blame_ms_per_request(service, route, name)
+        victim = index.main_victim(service, route, name)
+        at = f" (blocked in {blocked_at})" if blocked_at else ""
+        evidence = (
+            f"{name_of(name)} held the event loop {ms(percentile([u.held_ms for u in uses], 0.5))} "
+            f"per request (p95 {ms(percentile([u.held_ms for u in uses], 0.95))}, longest "
+            f"{ms(max(u.max_block_ms for u in uses))}) while running only "
+            f"{ms(percentile([u.cpu_ms for u in uses], 0.5))} of CPU: a blocking call{at}; "
+            f"other requests waited {ms(index.blame_ms_per_second(service, route, name))} per "
+            f"second for the loop ({ms(blame)} per request){victim_note(victim, route)}"
+        )
+        return finding(
+            rule=self.id,
+            route=route,
+            stage=name,
+            function=function,
+            impact_ms=blame,
+            route_p50_ms=p50,
+            evidence=evidence,
+            fix=_fixes.unblock(name, function, blocked_at),
+            requests=requests,
+            ctx=ctx,
+            model=Fix("thread", route, name, report_route=victim),
+        )

@@ -1,0 +1,218 @@
+"""``sequential-independent``: awaited work runs one piece after another where it could overlap.
+
+Two shapes:
+
+- **Input guardrail before the model** (tracekit traces): a ``guardrail`` stage that ends
+  before a sibling ``model`` stage (same parent) starts. The model call does not depend on
+  the verdict, only its *use* does: start the model call speculatively, cancel it if the
+  guardrail rejects. Fires when this happens in at least ``min_fraction`` of the route's
+  requests and would save p50 >= ``min_gain_ms`` (the shorter of the two stages).
+- **Repeated sequential calls** (any trace, plain OpenTelemetry and HotROD included): at
+  least ``min_calls`` CLIENT children of one span with the same name, no two of which
+  overlap in time (an N+1). Running them concurrently would save their summed time minus
+  the longest. Fires when this happens in at least ``min_fraction`` of the route's requests
+  and saves p50 >= ``min_gain_ms``. A fan-out that already overlaps does not fire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tracekit import semconv
+from tracekit.analysis._intervals import StageTree, function_of, percentile
+from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.rules import _fixes
+from tracekit.analysis.rules._common import by_route, finding, ms, p50_latency
+
+_TOUCH_NS = 10_000  # intervals overlapping by less than 10 us count as back to back
+
+
+@dataclass
+class _Serial:
+    """One request's group of sequential same-name calls under one parent."""
+
+    parent: str
+    calls: list[StageRecord]
+
+    @property
+    def summed_ms(self) -> float:
+        return sum(c.wall_ms for c in self.calls)
+
+    @property
+    def longest_ms(self) -> float:
+        return max(c.wall_ms for c in self.calls)
+
+    @property
+    def span_ms(self) -> float:
+        return (max(c.end_ns for c in self.calls) - min(c.start_ns for c in self.calls)) / 1e6
+
+
+def serial_groups(req: RequestRecord, min_calls: int) -> dict[str, _Serial]:
+    """Per CLIENT span name, the request's largest group of >= ``min_calls`` same-name
+    children of one parent that never overlap each other."""
+    groups: dict[tuple[str | None, str], list[StageRecord]] = {}
+    for stage in req.stages:
+        if stage.span_kind == "client":
+            groups.setdefault((stage.parent_id, stage.name), []).append(stage)
+    out: dict[str, _Serial] = {}
+    for (parent, name), calls in groups.items():
+        if len(calls) < min_calls or not _sequential(calls):
+            continue
+        if name not in out or len(calls) > len(out[name].calls):
+            out[name] = _Serial(parent or req.span_id, sorted(calls, key=lambda c: c.start_ns))
+    return out
+
+
+def _sequential(calls: list[StageRecord]) -> bool:
+    reach = None
+    for call in sorted(calls, key=lambda c: (c.start_ns, c.end_ns)):
+        if reach is not None and call.start_ns < reach - _TOUCH_NS:
+            return False
+        reach = call.end_ns if reach is None else max(reach, call.end_ns)
+    return True
+
+
+class SequentialIndependent:
+    """Rule ``sequential-independent``.
+
+    Args:
+        min_gain_ms: fire only when overlapping would save p50 >= this per request (5 ms).
+        min_fraction: ... in at least this share of the route's requests (0.5).
+        min_calls: repeated calls: at least this many same-name siblings (3).
+    """
+
+    id = "sequential-independent"
+
+    def __init__(
+        self, min_gain_ms: float = 5.0, min_fraction: float = 0.5, min_calls: int = 3
+    ) -> None:
+        self.min_gain_ms = min_gain_ms
+        self.min_fraction = min_fraction
+        self.min_calls = min_calls
+
+    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
+        """Findings for guardrails before the model and for sequential repeated calls."""
+        out: list[Finding] = []
+        for route, reqs in by_route(requests, ctx, instrumented=False).items():
+            out.extend(self._guardrails(route, reqs, requests, ctx))
+            out.extend(self._repeated(route, reqs, requests, ctx))
+        return out
+
+    # --- input guardrail before the model ---------------------------------------------------
+    def _guardrails(
+        self,
+        route: str,
+        reqs: list[RequestRecord],
+        requests: Sequence[RequestRecord],
+        ctx: RuleContext,
+    ) -> list[Finding]:
+        pairs: dict[tuple[str, str], list[tuple[StageRecord, StageRecord]]] = {}
+        for req in reqs:
+            if not req.instrumented:
+                continue
+            tree = StageTree(req)
+            for model in req.stages:
+                if model.kind != semconv.KIND_MODEL:
+                    continue
+                guard = _guardrail_before(model, tree)
+                if guard is not None:
+                    pairs.setdefault((guard.name, model.name), []).append((guard, model))
+        out: list[Finding] = []
+        instrumented = sum(1 for r in reqs if r.instrumented)
+        for (guard_name, model_name), found in pairs.items():
+            gains = [min(g.wall_ms, m.wall_ms) for g, m in found]
+            if len(found) < self.min_fraction * instrumented:
+                continue
+            gain = percentile(gains, 0.5)
+            if gain < self.min_gain_ms:
+                continue
+            guard, model = found[0]
+            g_fn, m_fn = function_of(guard), function_of(model)
+            evidence = (
+                f"the input guardrail {guard_name} "
+                f"({ms(percentile([g.wall_ms for g, _ in found], 0.5))} per request) finished "
+                f"before {model_name} "
+                f"({ms(percentile([m.wall_ms for _, m in found], 0.5))}) started in "
+                f"{len(found)} of {instrumented} requests; started together they would "
+                f"overlap by {ms(gain)} per request (p50)"
+            )
+            out.append(
+                finding(
+                    rule=self.id,
+                    route=route,
+                    stage=guard_name,
+                    function=g_fn,
+                    impact_ms=gain,
+                    route_p50_ms=p50_latency(reqs),
+                    evidence=evidence,
+                    fix=_fixes.speculative_start(guard_name, g_fn, model_name, m_fn),
+                    requests=requests,
+                    ctx=ctx,
+                    model=Fix("gather", route, guard_name, other=model_name),
+                )
+            )
+        return out
+
+    # --- repeated sequential calls ----------------------------------------------------------
+    def _repeated(
+        self,
+        route: str,
+        reqs: list[RequestRecord],
+        requests: Sequence[RequestRecord],
+        ctx: RuleContext,
+    ) -> list[Finding]:
+        found: dict[str, list[_Serial]] = {}
+        for req in reqs:
+            for name, group in serial_groups(req, self.min_calls).items():
+                found.setdefault(name, []).append(group)
+        out: list[Finding] = []
+        for name, groups in found.items():
+            gains = [g.summed_ms - g.longest_ms for g in groups]
+            gain = percentile(gains, 0.5)
+            if len(groups) < self.min_fraction * len(reqs) or gain < self.min_gain_ms:
+                continue
+            worst = max(groups, key=lambda g: g.summed_ms - g.longest_ms)
+            n = len(worst.calls)
+            where = f" in {len(groups)} of {len(reqs)} requests" if len(reqs) > 1 else ""
+            evidence = (
+                f"{n} {name!r} calls under span {worst.parent} ran one after another "
+                f"(0 of {n * (n - 1) // 2} pairs overlap; {ms(worst.summed_ms)} summed, "
+                f"longest {ms(worst.longest_ms)}, {ms(worst.span_ms)} from first start to last "
+                f"end){where}; run concurrently they would save about {ms(gain)} per request"
+            )
+            instrumented = any(r.instrumented for r in reqs)
+            out.append(
+                finding(
+                    rule=self.id,
+                    route=route,
+                    stage=name,
+                    function=function_of(worst.calls[0]),
+                    impact_ms=gain,
+                    route_p50_ms=p50_latency(reqs),
+                    evidence=evidence,
+                    fix=_fixes.fan_out(name, n, function_of(worst.calls[0])),
+                    requests=requests,
+                    ctx=ctx,
+                    model=Fix("fanout", route, name) if instrumented else None,
+                    no_model_note=(
+                        "uninstrumented: plain OpenTelemetry spans carry no CPU, wait and loop "
+                        "components, so the replay cannot model this route; the saving above "
+                        "is the ideal one (all calls independent)"
+                    ),
+                )
+            )
+        return out
+
+
+def _guardrail_before(model: StageRecord, tree: StageTree) -> StageRecord | None:
+    """The latest guardrail sibling of ``model`` that ended before it started."""
+    parent = tree.by_id.get(model.parent_id) if model.parent_id is not None else None
+    best: StageRecord | None = None
+    for sibling in tree.kids(parent):
+        if sibling.kind != semconv.KIND_GUARDRAIL or sibling.end_ns > model.start_ns:
+            continue
+        if best is None or sibling.end_ns > best.end_ns:
+            best = sibling
+    return best
