@@ -173,20 +173,20 @@ def covered_ns(spans: list[tuple[int, int]] | None, start: int, end: int) -> int
 
 def components(led: Ledger, end: int | None = None) -> dict[str, float]:
     """The ledger's split of its wall time, in float milliseconds (see module doc)."""
-    stop = end if end is not None else led.end
-    wall = max(0, stop - led.start)
-    children = covered_ns(led.child_spans, led.start, stop)
-    cpu = led.cpu_on + led.cpu_off
-    free = max(0, wall - children - led.consumer - cpu)
-    loop_wait = min(led.loop_wait, free)
+    start = led.start
+    wall = (end if end is not None else led.end) - start
+    if wall < 0:
+        wall = 0
+    spans = led.child_spans
+    children = covered_ns(spans, start, start + wall) if spans else 0
+    cpu_on, cpu_off = led.cpu_on, led.cpu_off
+    cpu = cpu_on + cpu_off
+    free = wall - children - led.consumer - cpu
+    if free < 0:
+        free = 0
+    loop_wait = led.loop_wait if led.loop_wait < free else free
     return {
-        "wall": wall / MS,
-        "cpu": cpu / MS,
-        "cpu_on": led.cpu_on / MS,
-        "cpu_off": led.cpu_off / MS,
-        "wait": (free - loop_wait) / MS,
-        "loop_wait": loop_wait / MS,
-        "children": children / MS,
-        "consumer": led.consumer / MS,
-        "max_block": led.max_block / MS,
-    }
+        "wall": wall / MS, "cpu": cpu / MS, "cpu_on": cpu_on / MS, "cpu_off": cpu_off / MS,
+        "wait": (free - loop_wait) / MS, "loop_wait": loop_wait / MS, "children": children / MS,
+        "consumer": led.consumer / MS, "max_block": led.max_block / MS,
+    }  # fmt: skip

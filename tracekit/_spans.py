@@ -36,35 +36,45 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
     """All spans of one request: its stages, then (unless enriching) its SERVER span."""
     end = _summary.end_of(request)
     trace_id, trace_state = request.trace_id, request.trace_state
+    comps = _summary.all_components(request)
+    offset = _summary.epoch(0)
+    request_context = SpanContext(trace_id, request.span_id, False, _SAMPLED, trace_state)
+    remote_parent = None
+    if request.parent_span_id:
+        remote_parent = SpanContext(trace_id, request.parent_span_id, request.remote_parent,
+                                    _SAMPLED, trace_state)  # fmt: skip
+    contexts: dict[int, SpanContext] = {}  # id(ledger) -> its span context, parents first
     spans = []
-    for led in request.ledgers:
+    for led, c in zip(request.ledgers, comps):
         if led.kind == "request":
+            contexts[id(led)] = request_context
             continue
-        parent_id = led.parent.span_id if led.parent is not None else request.parent_span_id
-        parent = (SpanContext(trace_id, parent_id, led.parent is None and request.remote_parent,
-                              _SAMPLED, trace_state) if parent_id else None)  # fmt: skip
+        context = SpanContext(trace_id, led.span_id, False, _SAMPLED, trace_state)
+        contexts[id(led)] = context
+        parent = contexts.get(id(led.parent)) if led.parent is not None else remote_parent
         spans.append(ReadableSpan(
             name=led.name,
-            context=SpanContext(trace_id, led.span_id, False, _SAMPLED, trace_state),
+            context=context,
             parent=parent,
             resource=resource,
-            attributes=_summary.ledger_attributes(led),
-            events=_events(led),
+            attributes=_summary.ledger_attributes(led, c),
+            events=_events(led) if led.blocked else (),
             kind=SpanKind.INTERNAL,
-            status=_status(led.error),
-            start_time=_summary.epoch(led.start),
-            end_time=_summary.epoch(led.end or end),
+            status=_status(led.error) if led.error is not None else _OK,
+            start_time=led.start + offset,
+            end_time=(led.end or end) + offset,
             instrumentation_scope=scope,
         ))  # fmt: skip
     if request.server:
-        spans.append(_server_span(request, resource, scope, end))
+        spans.append(_server_span(request, resource, scope, end, request_context, remote_parent, comps))
     return spans
 
 
-def _server_span(request: Request, resource: Any, scope: InstrumentationScope,
-                 end: int) -> ReadableSpan:  # fmt: skip
+def _server_span(request: Request, resource: Any, scope: InstrumentationScope, end: int,
+                 context: SpanContext, parent: SpanContext | None,
+                 comps: list[dict[str, float]]) -> ReadableSpan:  # fmt: skip
     name, attrs = _summary.http_attributes(request)
-    attrs.update(_summary.request_attributes(request))
+    attrs.update(_summary.request_attributes(request, comps))
     error = request.error
     status = _status(error)
     events: list[Event] = list(_events(request.root)) if request.root is not None else []
@@ -76,13 +86,9 @@ def _server_span(request: Request, resource: Any, scope: InstrumentationScope,
     elif request.status >= 500:
         attrs[semconv.ERROR_TYPE] = str(request.status)
         status = Status(StatusCode.ERROR)
-    parent = None
-    if request.parent_span_id:
-        parent = SpanContext(request.trace_id, request.parent_span_id, request.remote_parent,
-                             _SAMPLED, request.trace_state)  # fmt: skip
     return ReadableSpan(
         name=name,
-        context=SpanContext(request.trace_id, request.span_id, False, _SAMPLED, request.trace_state),
+        context=context,
         parent=parent,
         resource=resource,
         attributes=attrs,

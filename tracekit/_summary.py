@@ -28,9 +28,8 @@ def end_of(request: Request) -> int:
     return request.end or (request.root.end if request.root else 0)
 
 
-def ledger_attributes(led: Ledger) -> dict[str, Any]:
-    """The ``tracekit.*`` attributes of one stage span."""
-    c = _accounting.components(led, led.end or end_of(led.request))
+def ledger_attributes(led: Ledger, c: dict[str, float]) -> dict[str, Any]:
+    """The ``tracekit.*`` attributes of one stage span (``c``: its :func:`components`)."""
     attrs: dict[str, Any] = {
         semconv.STAGE: led.name,
         semconv.STAGE_KIND: led.kind,
@@ -42,23 +41,23 @@ def ledger_attributes(led: Ledger) -> dict[str, Any]:
         semconv.ON_LOOP: led.cpu_on >= led.cpu_off and led.cpu_on > 0,
         semconv.STEPS: led.steps,
     }
-    if c["children"]:
-        attrs[semconv.CHILDREN_MS] = c["children"]
-    if c["consumer"]:
-        attrs[semconv.CONSUMER_MS] = c["consumer"]
     if led.function:
         attrs[semconv.CODE_FUNCTION] = led.function
-    if led.namespace:
-        attrs[semconv.CODE_NAMESPACE] = led.namespace
-    if led.blocked:
-        attrs[semconv.BLOCKED_AT] = led.blocked[0][2]
+        if led.namespace:
+            attrs[semconv.CODE_NAMESPACE] = led.namespace
+    if c["children"]:
+        attrs[semconv.CHILDREN_MS] = c["children"]
+    if led.consumer:
+        attrs[semconv.CONSUMER_MS] = c["consumer"]
     if led.slices:
         attrs[semconv.LOOP_SLICES_US] = _offsets(led.slices, led.start)
     if led.waits:
         attrs[semconv.LOOP_WAITS_US] = _offsets(led.waits, led.start)
+    if led.blocked:
+        attrs[semconv.BLOCKED_AT] = led.blocked[0][2]
     if led.first_item and led.kind == semconv.KIND_MODEL:
         attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = (led.first_item - led.start) / 1e9
-    if led.end == 0:
+    if not led.end:
         attrs["tracekit.unfinished"] = True
     if led.attributes:
         attrs.update(led.attributes)
@@ -73,14 +72,19 @@ def _offsets(notes: list[tuple[int, int]], origin: int) -> list[int]:
     return flat
 
 
-def request_attributes(request: Request) -> dict[str, Any]:
+def all_components(request: Request) -> list[dict[str, float]]:
+    """:func:`components` of every ledger of ``request``, in ``request.ledgers`` order."""
+    end = end_of(request)
+    return [_accounting.components(led, led.end or end) for led in request.ledgers]
+
+
+def request_attributes(request: Request, comps: list[dict[str, float]] | None = None) -> dict[str, Any]:
     """The request-level ``tracekit.*`` attributes: components summed over all ledgers."""
     end = end_of(request)
     cpu = cpu_on = loop_wait = model_wait = io_wait = 0.0
     max_block = 0.0
     blocked_at = None
-    for led in request.ledgers:
-        c = _accounting.components(led, led.end or end)
+    for led, c in zip(request.ledgers, comps or all_components(request)):
         cpu += c["cpu"]
         cpu_on += c["cpu_on"]
         loop_wait += c["loop_wait"]
