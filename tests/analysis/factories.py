@@ -157,9 +157,15 @@ class _State:
     job: Job
     start: float
     i: int = 0
-    ops: list[tuple[int, float, float, float]] = field(default_factory=list)  # (op, ready, start, end)
+    ops: list[tuple[int, float, float, float]] = field(
+        default_factory=list
+    )  # (op, ready, start, end)
+    steps: list[tuple[float, float]] = field(default_factory=list)  # the request's loop steps
     chunks: list[float] = field(default_factory=list)
     holds_lock: bool = False
+
+
+_ON_LOOP = ("cpu", "block")
 
 
 def simulate_gateway(
@@ -167,19 +173,27 @@ def simulate_gateway(
     *,
     clients: int | None = None,
     think_ms: float = 0.3,
+    ramp_ms: float = 0.0,
     servers: dict[str, int | None] | None = None,
     locked_stage: str | None = None,
-    route_filter: Any = None,
 ) -> list[RequestRecord]:
     """Simulate an asyncio gateway serving ``jobs`` and record them like tracekit would.
+
+    A *step* is a run of consecutive on-loop ops of one request (no await between them): it
+    waits for the loop once, then holds it until the run ends. The loop runs in asyncio's
+    iterations: an iteration runs the steps that were ready when it began; steps woken
+    meanwhile by a worker thread or a lock hand-off (``call_soon``) are queued at once, those
+    woken by I/O (an awaited wait or model call ending, a new request) join when the next
+    iteration begins.
 
     Args:
         jobs: the requests. Open loop: each starts at its ``arrival_ms``. Closed loop
             (``clients`` set): ``clients`` clients take the jobs in order, each sending its
             next request ``think_ms`` after its previous one ended.
         think_ms: closed loop: gap between a response and the client's next request.
-        servers: model stage name -> server capacity (``None``: unlimited; a missing name
-            is unlimited). Calls queue FIFO for a slot.
+        ramp_ms: closed loop: client ``k`` sends its first request at ``k * ramp_ms``.
+        servers: model stage name -> server capacity (a missing name, or ``None``:
+            unlimited). Calls queue FIFO for a slot.
         locked_stage: a stage wrapped in one ``asyncio.Lock`` shared by all requests
             (acquired before the stage starts, released when it ends).
 
@@ -190,9 +204,11 @@ def simulate_gateway(
     events: list[tuple[float, int, str, Any]] = []
     seq = itertools.count()
     loop_queue: deque[tuple[_State, float]] = deque()
-    loop_free = [True]
-    busy = {name: 0 for name in servers}
-    waiting: dict[str, deque[tuple[_State, float]]] = {name: deque() for name in servers}
+    io_queue: deque[tuple[_State, float]] = deque()  # joins at the next iteration
+    batch = [0]  # steps left in the current iteration
+    loop_idle = [True]
+    busy = dict.fromkeys(servers, 0)
+    queued: dict[str, deque[tuple[_State, float]]] = {name: deque() for name in servers}
     lock_queue: deque[_State] = deque()
     lock_held = [False]
     done: list[_State] = []
@@ -201,187 +217,182 @@ def simulate_gateway(
     def push(t: float, what: str, arg: Any) -> None:
         heapq.heappush(events, (t, next(seq), what, arg))
 
-    def begin(job: Job, t: float) -> None:
-        advance(_State(job, t), t)
-
-    def advance(st: _State, t: float) -> None:
-        """Run the request's next op from time t (the previous op ended at t)."""
+    def advance(st: _State, t: float, io: bool = False) -> None:
         ops = st.job.ops
         if st.i >= len(ops):
-            finish(st, t)
+            done.append(st)
+            if clients is not None and pending:
+                push(t + think_ms, "arrive", pending.popleft())
             return
         op = ops[st.i]
-        if locked_stage is not None and op.stage == locked_stage and not st.holds_lock:
+        if op.stage is not None and op.stage == locked_stage and not st.holds_lock:
             if lock_held[0]:
                 lock_queue.append(st)
                 return
-            lock_held[0] = True
-            st.holds_lock = True
-        if op.kind in ("cpu", "block"):
-            previous = ops[st.i - 1] if st.i else None
-            if previous is not None and previous.kind in ("cpu", "block") and st.ops and st.ops[-1][3] == t and not loop_free[0] and loop_owner[0] is st:
-                run_loop_op(st, t, t)  # same step: the loop is still ours
-            else:
+            lock_held[0] = st.holds_lock = True
+        if op.kind in _ON_LOOP:
+            if loop_idle[0]:
                 loop_queue.append((st, t))
-                if loop_free[0]:
-                    serve_loop(t)
+                iterate(t)
+            else:
+                (io_queue if io else loop_queue).append((st, t))
         elif op.kind == "model" and servers.get(op.stage or "") is not None:
             name = op.stage or ""
             if busy[name] < (servers[name] or 0):
                 busy[name] += 1
-                push(t + op.ms, "model_done", (st, t, t, name))
+                push(t + op.ms, "model_done", (st, t, name))
             else:
-                waiting[name].append((st, t))
+                queued[name].append((st, t))
         elif op.kind in ("wait", "model", "thread"):
-            push(t + op.ms, "op_done", (st, t, t))
+            push(t + op.ms, "op_done", (st, t))
         else:
-            raise ValueError(op.kind)
+            raise ValueError(f"unknown op kind {op.kind!r}")
 
-    loop_owner: list[_State | None] = [None]
+    def iterate(t: float) -> None:
+        loop_queue.extend(io_queue)
+        io_queue.clear()
+        batch[0] = len(loop_queue)
+        serve_loop(t)
 
     def serve_loop(t: float) -> None:
-        if not loop_queue:
-            loop_free[0] = True
-            loop_owner[0] = None
+        if batch[0] <= 0:
+            if loop_queue or io_queue:
+                iterate(t)
+            else:
+                loop_idle[0] = True
             return
+        batch[0] -= 1
+        loop_idle[0] = False
         st, ready = loop_queue.popleft()
-        run_loop_op(st, ready, t)
+        ops = st.job.ops
+        cursor, j = t, st.i
+        while j < len(ops) and ops[j].kind in _ON_LOOP:
+            end = cursor + ops[j].ms
+            st.ops.append((j, ready if j == st.i else cursor, cursor, end))
+            if ops[j].chunk:
+                st.chunks.append(end)
+            cursor, j = end, j + 1
+        st.steps.append((t, cursor))
+        push(cursor, "step_done", (st, j))
 
-    def run_loop_op(st: _State, ready: float, t: float) -> None:
-        op = st.job.ops[st.i]
-        loop_free[0] = False
-        loop_owner[0] = st
-        push(t + op.ms, "loop_done", (st, ready, t))
-
-    def op_finished(st: _State, ready: float, start: float, t: float) -> None:
-        op = st.job.ops[st.i]
-        st.ops.append((st.i, ready, start, t))
-        if op.chunk:
-            st.chunks.append(t)
-        st.i += 1
-        nxt = st.job.ops[st.i] if st.i < len(st.job.ops) else None
-        if st.holds_lock and (nxt is None or nxt.stage != locked_stage):
+    def release_lock(st: _State, t: float) -> None:
+        ops = st.job.ops
+        if st.holds_lock and (st.i >= len(ops) or ops[st.i].stage != locked_stage):
             st.holds_lock = False
             lock_held[0] = False
             if lock_queue:
                 waiter = lock_queue.popleft()
-                lock_held[0] = True
-                waiter.holds_lock = True
+                lock_held[0] = waiter.holds_lock = True
                 advance(waiter, t)
-        advance(st, t)
 
-    def finish(st: _State, t: float) -> None:
-        done.append(st)
-        if clients is not None and pending:
-            push(t + think_ms, "arrive", pending.popleft())
+    def finish_op(st: _State, ready: float, t: float) -> None:
+        op = st.job.ops[st.i]
+        st.ops.append((st.i, ready, ready, t))
+        if op.chunk:
+            st.chunks.append(t)
+        st.i += 1
+        release_lock(st, t)
+        advance(st, t, io=op.kind != "thread")
 
     if clients is None:
         for job in jobs:
             push(job.arrival_ms, "arrive", job)
         pending.clear()
     else:
-        for _ in range(min(clients, len(pending))):
-            push(0.0, "arrive", pending.popleft())
+        for k in range(min(clients, len(pending))):
+            push(k * ramp_ms, "arrive", pending.popleft())
     while events:
         t, _, what, arg = heapq.heappop(events)
         if what == "arrive":
-            begin(arg, t)
-        elif what == "loop_done":
-            st, ready, start = arg
-            op_finished(st, ready, start, t)
-            # The request may have continued on the loop in the same step (run_loop_op).
-            if loop_owner[0] is st and st.ops and st.ops[-1][3] == t and not _continues(st, t):
-                serve_loop(t)
-            elif loop_owner[0] is not st or not _continues(st, t):
-                if loop_owner[0] is st:
-                    serve_loop(t)
-        elif what == "op_done":
-            st, ready, start = arg
-            op_finished(st, ready, start, t)
+            advance(_State(arg, t), t, io=True)
+        elif what == "step_done":
+            st, j = arg
+            st.i = j
+            release_lock(st, t)
+            advance(st, t)
+            serve_loop(t)
         elif what == "model_done":
-            st, ready, start, name = arg
+            st, ready, name = arg
             busy[name] -= 1
-            if waiting[name]:
-                nxt, queued_at = waiting[name].popleft()
+            if queued[name]:
+                nxt, at = queued[name].popleft()
                 busy[name] += 1
-                push(t + nxt.job.ops[nxt.i].ms, "model_done", (nxt, queued_at, t, name))
-            op_finished(st, ready, start, t)
+                push(t + nxt.job.ops[nxt.i].ms, "model_done", (nxt, at, name))
+            finish_op(st, ready, t)
+        else:  # op_done
+            st, ready = arg
+            finish_op(st, ready, t)
     return sorted((_record(st) for st in done), key=lambda r: r.start_ns)
 
 
-def _continues(st: _State, t: float) -> bool:
-    """Whether the request kept the loop at t (its next op started on the loop at t)."""
-    return bool(st.i < len(st.job.ops) and st.job.ops[st.i].kind in ("cpu", "block")
-                and st.job.ops[st.i - 1].kind in ("cpu", "block"))  # fmt: skip
-
-
 def _record(st: _State) -> RequestRecord:
+    """What tracekit's core records for one simulated request."""
     job = st.job
     req_id = _span_id()
-    on_loop_kinds = ("cpu", "block")
     by_stage: dict[str, list[tuple[Op, float, float, float]]] = {}
     own: list[tuple[Op, float, float, float]] = []
     for index, ready, start, end in st.ops:
         op = job.ops[index]
         (by_stage.setdefault(op.stage, []) if op.stage else own).append((op, ready, start, end))
-    end_ms = max(e for _, _, _, e in st.ops) if st.ops else st.start
-    if st.chunks:
-        end_ms = max(end_ms, st.chunks[-1])
-    request_slices: list[tuple[float, float]] = []
+    end_ms = max((e for *_, e in st.ops), default=st.start)
+    # The server span starts when the request's first step runs (the middleware's code),
+    # after any wait for the loop: that wait is not part of the recorded latency.
+    first = st.ops[0] if st.ops else None
+    start_ms = first[2] if first is not None and job.ops[first[0]].kind in _ON_LOOP else st.start
     request_waits: list[tuple[float, float]] = []
     stages: list[StageRecord] = []
     for name, ops in by_stage.items():
         first = ops[0]
-        s_start = first[2] if first[0].kind in on_loop_kinds else first[1]
-        s_end = ops[-1][3]
-        cpu = sum(e - s for op, _, s, e in ops if op.kind == "cpu")
-        block = sum(e - s for op, _, s, e in ops if op.kind == "block")
-        waited = sum(e - r for op, r, _, e in ops if op.kind in ("wait", "model"))
-        loop_waits = [(r, s) for op, r, s, _ in ops[1:] if op.kind in on_loop_kinds and s > r]
-        if first[0].kind in on_loop_kinds and first[2] > first[1]:
-            request_waits.append((first[1], first[2]))  # the caller waited for the loop
+        # A stage starts when its code is entered: for an on-loop first op, once the loop
+        # runs it (the caller waited for the loop); otherwise when the previous op ended.
+        s_start = first[2] if first[0].kind in _ON_LOOP else first[1]
+        if first[0].kind in _ON_LOOP and first[2] > first[1]:
+            request_waits.append((first[1], first[2]))
+        loop_waits = [(r, s) for op, r, s, _ in ops[1:] if op.kind in _ON_LOOP and s > r]
         on_loop = not any(op.kind == "thread" for op, *_ in ops)
-        runs = _runs([(s, e) for op, _, s, e in ops if op.kind in on_loop_kinds])
-        thread = sum(e - s for op, _, s, e in ops if op.kind == "thread")
-        loop_wait = sum(b - a for a, b in loop_waits)
+        runs = _runs([(s, e) for op, _, s, e in ops if op.kind in _ON_LOOP])
         attrs = dict(job.attributes.get(name, {}))
+        # Other code ran inside the stage's interval: an async generator whose consumer held
+        # its items (the core's tracekit.consumer_ms).
+        own_time = sum(e - (s if op.kind in _ON_LOOP else r) for op, r, s, e in ops)
+        own_time += sum(b - a for a, b in loop_waits)
+        consumer = (ops[-1][3] - s_start) - own_time
+        if consumer > 1e-6:
+            attrs[semconv.CONSUMER_MS] = consumer
         stages.append(
             stage(
                 name,
                 s_start,
-                s_end,
+                ops[-1][3],
                 kind=job.kinds.get(name),
-                cpu_ms=cpu + (thread if not on_loop else 0.0),
-                wait_ms=waited + block,
-                loop_wait_ms=loop_wait,
+                cpu_ms=sum(e - s for op, _, s, e in ops if op.kind in ("cpu", "thread")),
+                # Blocked off-CPU in a sync call counts as wait, like the core's ledger.
+                wait_ms=sum(e - r for op, r, _, e in ops if op.kind in ("wait", "model", "block")),
+                loop_wait_ms=sum(b - a for a, b in loop_waits),
                 on_loop=on_loop,
                 max_block_ms=max((b - a for a, b in runs), default=0.0),
                 slices=[r for r in runs if r[1] - r[0] >= 1.0],
                 waits=[w for w in loop_waits if w[1] - w[0] >= 1.0],
-                function=name,
                 parent=req_id,
                 attributes=attrs,
             )
         )
     for op, ready, start, _ in own:
-        if op.kind in on_loop_kinds and start > ready:
+        if op.kind in _ON_LOOP and start > ready:
             request_waits.append((ready, start))
-    # The request's own steps: contiguous on-loop runs that contain own code. A run also
-    # covers the sync stages called inside it, as the core's request ledger records it.
-    all_loop = sorted((s, e, op.stage is None) for (op, _, s, e) in
-                      [(job.ops[i], r, s, e) for i, r, s, e in st.ops] if op.kind in on_loop_kinds)  # fmt: skip
-    for a, b, has_own in _runs_with_flag(all_loop):
-        if has_own and b - a >= 1.0:
-            request_slices.append((a, b))
-    cpu_total = sum(e - s for i, _, s, e in st.ops if job.ops[i].kind == "cpu")
-    cpu_total += sum(e - s for i, _, s, e in st.ops if job.ops[i].kind == "thread")
+    # The wait for the loop before the first step is before the span starts: not recorded.
+    request_waits = [w for w in request_waits if w[0] >= start_ms]
+    # Every step is a resumption of the request's coroutine: the core's request ledger
+    # records it whole, covering the sync stages called inside it.
+    request_slices = [(a, b) for a, b in st.steps if b - a >= 1.0]
+    cpu_total = sum(e - s for i, _, s, e in st.ops if job.ops[i].kind in ("cpu", "thread"))
     loop_wait_total = sum(b - a for a, b in request_waits) + sum(
-        sum(b - a for a, b in ((w[0], w[1]) for w in _ms_waits(s))) for s in stages
+        s.loop_wait_ms or 0.0 for s in stages
     )
     extra: dict[str, Any] = {}
     if st.chunks:
         gaps = [b - a for a, b in itertools.pairwise(st.chunks)]
-        extra["ttft_ms"] = st.chunks[0] - st.start
+        extra["ttft_ms"] = st.chunks[0] - start_ms
         extra["chunks"] = len(st.chunks)
         if gaps:
             extra["itl_p50_ms"] = _pct(gaps, 0.5)
@@ -390,7 +401,7 @@ def _record(st: _State) -> RequestRecord:
             extra["tpot_ms"] = (st.chunks[-1] - st.chunks[0]) / (len(st.chunks) - 1)
     return request(
         job.route,
-        st.start,
+        start_ms,
         end_ms,
         stages,
         span_id=req_id,
@@ -402,27 +413,14 @@ def _record(st: _State) -> RequestRecord:
     )
 
 
-def _ms_waits(record: StageRecord) -> list[tuple[float, float]]:
-    return [((a - BASE_NS) / 1e6, (b - BASE_NS) / 1e6) for a, b in record.loop_waits]
-
-
 def _runs(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Merge back-to-back intervals (one step running several ops of the stage)."""
     out: list[tuple[float, float]] = []
     for a, b in sorted(intervals):
         if out and abs(a - out[-1][1]) < 1e-9:
             out[-1] = (out[-1][0], b)
         else:
             out.append((a, b))
-    return out
-
-
-def _runs_with_flag(intervals: list[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
-    out: list[tuple[float, float, bool]] = []
-    for a, b, flag in intervals:
-        if out and abs(a - out[-1][1]) < 1e-9:
-            out[-1] = (out[-1][0], b, out[-1][2] or flag)
-        else:
-            out.append((a, b, flag))
     return out
 
 

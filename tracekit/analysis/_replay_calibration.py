@@ -26,13 +26,14 @@ import time
 from typing import Any
 
 #: json / orjson time on the chat.completion payload (measured 2026-12-02 on the 2-core dev
-#: machine, Python 3.11.7, orjson 3.13.0: json 12.5-13.4 us, orjson 0.58-0.67 us, 18.7-22.9x).
+#: machine, Python 3.11.7, orjson 3.13.0, six runs: json 12.5-13.4 us, orjson 0.58-0.69 us,
+#: 18.5-22.9x).
 ORJSON_SPEEDUP = 20.0
 #: Rate of a pure-Python thread during one tokenizer call in another thread, over its rate
 #: during a sleep of the same length (measured 2026-12-02, tokenizers 0.23.3,
-#: RAYON_NUM_THREADS=1, 2-core machine under load from other jobs: encode 0.10-0.13,
-#: encode_batch 0.41-0.48; the batch figure is below 1 because the CPUs were shared).
-TOKENIZERS_GIL = {"encode": 0.12, "encode_batch": 0.45}
+#: RAYON_NUM_THREADS=1, 2-core machine loaded by other jobs, five runs: encode 0.10-0.16,
+#: encode_batch 0.41-0.59; the batch figure is below 1 because the CPUs were shared).
+TOKENIZERS_GIL = {"encode": 0.13, "encode_batch": 0.5}
 
 # Mostly ASCII, like an English answer, with a few non-ASCII words (json escapes them).
 _WORDS = (

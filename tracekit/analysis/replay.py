@@ -145,7 +145,7 @@ class Replayer:
         # Programs of requests a fix does not change, for the sample in ``_sample`` (held so
         # that the ids used as keys stay valid).
         self._sample: Sequence[RequestRecord] | None = None
-        self._programs: dict[tuple[int, Any], list[Node]] = {}
+        self._programs: dict[tuple[int, Any, int], list[Node]] = {}
 
     def validate(self, requests: Sequence[RequestRecord]) -> Validation:
         """Replay ``requests`` as recorded and compare with the measured latencies.

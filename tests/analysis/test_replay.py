@@ -1,0 +1,344 @@
+"""The replay model: its engine (loop, pools, GIL), its reading of records, its validation and
+its projections, checked against known systems and queueing-theory figures."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
+from tracekit.analysis._replay_build import ProgramBuilder
+from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
+from tracekit.analysis.findings import Fix
+from tracekit.analysis.replay import ReplayConfig, Replayer, Validation, project, validate
+from tracekit.errors import ConfigurationError
+
+ROUTE = "POST /v1/chat/completions"
+KINDS = {"model": "model", "guardrail": "guardrail"}
+
+
+def _config(**kw: object) -> ReplayConfig:
+    return ReplayConfig(thread_pool_size=kw.pop("threads", 16), cores=kw.pop("cores", 4), **kw)  # type: ignore[arg-type]
+
+
+def _closed_loop(ops: list[Op], clients: int = 10, n: int = 300, **kw: object) -> list:
+    jobs = [Job(ROUTE, list(ops), kinds=KINDS) for _ in range(n)]
+    return simulate_gateway(jobs, clients=clients, **kw)  # type: ignore[arg-type]
+
+
+# --- the engine -----------------------------------------------------------------------------
+def _ends(programs: list[list], cores: int = 4, caps: dict | None = None) -> list[float]:
+    sim = Simulation(cores, caps or {"threads": 8}, frozenset({"threads"}))
+    return sim.run(programs, [0.0] * len(programs))
+
+
+def test_gil_holding_threads_share_one_core() -> None:
+    # Two pure-Python bursts of 50 ms on worker threads: the GIL serialises them.
+    burst = [(HOLD, "threads", [(CPU, 50.0, True)])]
+    assert _ends([burst, burst]) == pytest.approx([100.0, 100.0])
+
+
+def test_gil_free_threads_run_in_parallel_up_to_the_cores() -> None:
+    burst = [(HOLD, "threads", [(CPU, 50.0, False)])]
+    assert _ends([burst, burst], cores=4) == pytest.approx([50.0, 50.0])
+    # Four bursts on two cores: processor sharing, all done at 100 ms.
+    assert _ends([burst] * 4, cores=2) == pytest.approx([100.0] * 4)
+
+
+def test_a_gil_holding_thread_slows_the_loop() -> None:
+    loop = [(LOOP, 50.0, 0.0)]
+    thread = [(HOLD, "threads", [(CPU, 50.0, True)])]
+    free = [(HOLD, "threads", [(CPU, 50.0, False)])]
+    assert _ends([loop, thread])[0] == pytest.approx(100.0)
+    assert _ends([loop, free])[0] == pytest.approx(50.0)
+
+
+def test_the_loop_is_one_server_and_blocking_holds_it_without_cpu() -> None:
+    blocking = [(LOOP, 0.0, 30.0)]  # time.sleep(0.03) on the loop
+    cpu = [(LOOP, 20.0, 0.0)]
+    ends = _ends([blocking, cpu, [(HOLD, "threads", [(CPU, 30.0, True)])]])
+    assert ends[0] == pytest.approx(30.0)  # the sleep holds the loop, not the GIL...
+    assert ends[2] == pytest.approx(30.0)  # ...so the GIL-bound thread ran meanwhile
+    assert ends[1] == pytest.approx(50.0)  # and the CPU slice waited for the loop
+
+
+def test_hold_is_fifo_with_capacity_and_par_joins() -> None:
+    call = [(HOLD, "model", [(DELAY, 10.0)])]
+    assert _ends([call, call, call], caps={"model": 1}) == pytest.approx([10.0, 20.0, 30.0])
+    assert _ends([call, call, call], caps={"model": None}) == pytest.approx([10.0] * 3)
+    par = [(PAR, [[(DELAY, 40.0)], [(DELAY, 10.0), (LOOP, 5.0, 0.0)]]), (DELAY, 1.0)]
+    assert _ends([par]) == pytest.approx([41.0])
+
+
+def test_io_wakeups_join_the_next_loop_iteration_after_call_soon_ones() -> None:
+    # Request 0 holds the loop 0-10 ms. Meanwhile request 1's timer fires at 2 ms (I/O)
+    # and request 2 yields at 5 ms (call_soon): asyncio runs the call_soon one first.
+    programs = [
+        [(LOOP, 10.0, 0.0)],
+        [(DELAY, 2.0), (LOOP, 1.0, 0.0)],
+        [(HOLD, "threads", [(CPU, 5.0, False)]), (LOOP, 1.0, 0.0)],
+    ]
+    ends = _ends(programs)
+    assert ends[2] == pytest.approx(11.0)
+    assert ends[1] == pytest.approx(12.0)
+
+
+# --- reading records --------------------------------------------------------------------------
+def test_the_request_slice_that_covers_nested_stage_steps_is_not_replayed_twice() -> None:
+    # The request's step (0-50 ms) runs the sync tokenize (1-45 ms, recorded) and the first,
+    # unrecorded step of the async model stage (45.5-46 ms): one step, no parallel branch.
+    tok = stage("tokenize", 1, 45, cpu_ms=44, wait_ms=0, slices=[(1, 45)])
+    model = stage("model", 45.5, 146, kind="model", cpu_ms=0.2, wait_ms=100)
+    req = request(ROUTE, 0, 146.5, [tok, model], cpu_ms=45.0, slices=[(0, 46)])
+    program = ProgramBuilder(req, req.start_ns).program()
+    assert all(node[0] != PAR for node in program)
+    loop_ms = sum(n[1] + n[2] for n in program if n[0] == LOOP)
+    assert loop_ms == pytest.approx(46.0, abs=0.5)  # the one recorded step, 0-46 ms
+    total = loop_ms + sum(n[1] for n in program if n[0] == DELAY)
+    assert total == pytest.approx(146.5, abs=0.01)
+
+
+def test_an_async_generator_stage_runs_beside_its_consumer() -> None:
+    model = stage(
+        "model",
+        1,
+        101,
+        kind="model",
+        cpu_ms=0.1,
+        wait_ms=90,
+        attributes={"tracekit.consumer_ms": 9.9},
+    )
+    req = request(ROUTE, 0, 102, [model], cpu_ms=10.1, slices=[(20, 25), (60, 65)])
+    program = ProgramBuilder(req, req.start_ns).program()
+    assert any(node[0] == PAR for node in program)
+
+
+# --- validation -------------------------------------------------------------------------------
+def _poisson(n: int, rps: float, seed: int) -> list[float]:
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rps / 1000.0)
+        out.append(t)
+    return out
+
+
+def test_validation_reproduces_a_known_system_within_tolerance() -> None:
+    # Poisson arrivals; CPU on the loop, a pure-Python guardrail, a model call, a serializer.
+    rng = random.Random(7)
+    jobs = [
+        Job(
+            ROUTE,
+            [
+                Op("cpu", 0.3),
+                Op("cpu", 8 + 8 * rng.random(), "tokenize"),
+                Op("cpu", 2, "guardrail"),
+                Op("model", 150 + 100 * rng.random(), "model"),
+                Op("cpu", 1.0, "serialize"),
+            ],
+            at,
+            kinds=KINDS,
+        )
+        for at in _poisson(400, 40, seed=3)
+    ]
+    records = simulate_gateway(jobs)
+    result = Replayer(_config()).validate(records)
+    assert result.ok, result.reason
+    assert abs(result.p50_error) < 0.08 and abs(result.p95_error) < 0.1
+    assert result.to_dict() == {
+        "ok": True,
+        "p50_error": round(result.p50_error, 4),
+        "p95_error": round(result.p95_error, 4),
+        "reason": None,
+    }
+
+
+def _inconsistent() -> list:
+    # Requests one after another, nobody else on the loop, yet each claims 100 ms of waiting
+    # for the loop: the recorded latencies are not explained by the recorded components.
+    records = []
+    for i in range(30):
+        t = i * 400.0
+        tok = stage("tokenize", t + 0.1, t + 5.1, cpu_ms=5, wait_ms=0, slices=[(t + 0.1, t + 5.1)])
+        model = stage(
+            "model",
+            t + 5.1,
+            t + 155.1,
+            kind="model",
+            cpu_ms=0.0,
+            wait_ms=50,
+            loop_wait_ms=100,
+            waits=[(t + 55.1, t + 155.1)],
+        )
+        records.append(request(ROUTE, t, t + 155.2, [tok, model]))
+    return records
+
+
+def test_inconsistent_latencies_fail_validation_and_get_no_projection() -> None:
+    records = _inconsistent()
+    result = Replayer(_config()).validate(records)
+    assert not result.ok
+    assert result.p50_error is not None and result.p50_error < -0.5  # ~55 vs 155 ms
+    assert "tolerance" in (result.reason or "")
+    projection, note = Replayer(_config()).project(records, Fix("thread", ROUTE, "tokenize"))
+    assert projection is None
+    assert note is not None and "could not reproduce" in note and "155" in note
+
+
+def test_too_few_or_uninstrumented_requests_get_a_note() -> None:
+    few = _inconsistent()[:5]
+    assert not validate(few, _config()).ok
+    projection, note = project(few, Fix("thread", ROUTE, "tokenize"), _config())
+    assert projection is None and note is not None and "too few requests" in note
+    plain = [request("GET /x", i * 10.0, i * 10.0 + 5, instrumented=False) for i in range(30)]
+    projection, note = project(plain, Fix("fanout", "GET /x", "HTTP GET"), _config())
+    assert projection is None and note is not None and note.startswith("uninstrumented")
+
+
+def test_a_trace_of_several_event_loops_is_not_validated() -> None:
+    # Two workers: their requests' loop slices overlap, which one loop cannot do.
+    records = []
+    for i in range(40):
+        t = (i // 2) * 50.0
+        tok = stage("tokenize", t, t + 30, cpu_ms=30, wait_ms=0, slices=[(t, t + 30)])
+        records.append(request(ROUTE, t, t + 31, [tok]))
+    result = validate(records, _config())
+    assert not result.ok and "several event loops" in (result.reason or "")
+
+
+# --- projections ------------------------------------------------------------------------------
+def _jittered_tokenize_trace(seed: int = 1) -> list:
+    rng = random.Random(seed)
+    jobs = [
+        Job(
+            ROUTE,
+            [
+                Op("cpu", 0.2),
+                Op("cpu", 45 + 10 * rng.random(), "tokenize"),
+                Op("model", 180 + 40 * rng.random(), "model"),
+                Op("cpu", 0.5, "serialize"),
+            ],
+            kinds=KINDS,
+        )
+        for _ in range(300)
+    ]
+    return simulate_gateway(jobs, clients=10)
+
+
+def test_tokenize_off_the_loop_under_10_clients_matches_queueing_theory() -> None:
+    # Closed loop, N = 10 clients; per request the loop needs S = 50.7 ms (tokenize 45-55,
+    # own code and serializer 0.7) and the model takes Z = 200 ms (180-220) off the loop.
+    # Before: N * S = 507 ms > S + Z, so the loop is the bottleneck: X = 1 / S = 19.7 rps,
+    # and by the interactive response time law the mean latency is N / X = 507 ms (p95 is at
+    # least that). After (a GIL-free thread, 4 cores, 16 threads): 4 servers of 50 ms give
+    # 80 rps > N / (S + Z) = 39.9 rps, so little queueing: latency ~ S + Z = 250.7 ms.
+    records = _jittered_tokenize_trace()
+    n_clients, s_loop, z = 10, 50.7, 200.0
+    projection, note = Replayer(_config()).project(
+        records, Fix("thread", ROUTE, "tokenize", gil_free=True)
+    )
+    assert projection is not None, note
+    p50_after = projection["p50_ms"][1]
+    p95_before, p95_after = projection["p95_ms"]
+    assert p95_before >= 0.95 * n_clients * s_loop
+    assert p50_after >= 0.97 * (s_loop + z)
+    assert p95_after <= 1.15 * (s_loop + z)
+    assert p95_before - p95_after >= 0.95 * n_clients * s_loop - 1.15 * (s_loop + z)
+    x_before, x_after = projection["throughput_rps"]
+    assert x_before == pytest.approx(1000 / s_loop, rel=0.05)
+    assert x_after >= 0.85 * 1000 * n_clients / (s_loop + z)
+
+
+def test_pure_python_in_a_thread_gains_nothing_but_a_process_pool_does() -> None:
+    records = _jittered_tokenize_trace(seed=2)
+    replayer = Replayer(_config())
+    gil, _ = replayer.project(records, Fix("thread", ROUTE, "tokenize", gil_free=False))
+    pool, _ = replayer.project(records, Fix("process", ROUTE, "tokenize"))
+    assert gil is not None and pool is not None
+    # The GIL serialises the moved CPU with the loop: the bottleneck stays at ~50 ms of
+    # GIL per request (no more throughput), and sharing the GIL between threads finishes
+    # each tokenize later than running them one by one (processor sharing): no gain.
+    assert gil["throughput_rps"][1] == pytest.approx(gil["throughput_rps"][0], rel=0.05)
+    assert gil["p50_ms"][1] >= 0.95 * gil["p50_ms"][0]
+    assert pool["p95_ms"][1] < 0.6 * pool["p95_ms"][0]
+    assert pool["throughput_rps"][1] > 1.7 * pool["throughput_rps"][0]
+
+
+def test_a_faster_serializer_shrinks_the_stage() -> None:
+    ops = [Op("cpu", 0.2), Op("model", 100.0, "model"), Op("cpu", 30.0, "serialize")]
+    records = _closed_loop(ops)
+    replayer = Replayer(_config())
+    assert replayer.validate(records).ok
+    projection, note = replayer.project(records, Fix("shrink", ROUTE, "serialize", factor=0.05))
+    assert projection is not None, note
+    # Loop-bound before (N * 30.2 ms > 130 ms; the 10 clients even fall into lock-step
+    # batches, asyncio's iterations, and the loop idles during the model call); model-bound
+    # after: 100 ms + 1.5 ms of serializer + 0.2 ms.
+    assert projection["p50_ms"][1] == pytest.approx(101.7, rel=0.1)
+    assert projection["p50_ms"][1] < 0.45 * projection["p50_ms"][0]
+    assert projection["throughput_rps"][1] > 3 * projection["throughput_rps"][0]
+
+
+def test_serialized_model_calls_overlapping_raise_throughput() -> None:
+    # A lock around a 100 ms model call, 10 clients: X = 1 / 100 ms = 10 rps. Without it:
+    # X = N / (100 + 10 + 1.1 ms) = 90 rps.
+    ops = [
+        Op("cpu", 0.3),
+        Op("thread", 10.0, "tokenize"),
+        Op("model", 100.0, "model"),
+        Op("cpu", 0.8, "serialize"),
+    ]
+    for kw, queue in (
+        ({"locked_stage": "model"}, "outside"),
+        ({"servers": {"model": 1}}, "inside"),
+    ):
+        records = _closed_loop(ops, n=200, **kw)
+        fix = Fix("model_overlap", ROUTE, "model", queue=queue)
+        projection, note = Replayer(_config()).project(records, fix)
+        assert projection is not None, note
+        x_before, x_after = projection["throughput_rps"]
+        assert x_before == pytest.approx(10.0, rel=0.05)
+        assert x_after == pytest.approx(10 / 0.1111, rel=0.1)
+        assert projection["p50_ms"][1] < 0.2 * projection["p50_ms"][0]
+        # A bounded server (--max-num-seqs 2) projects in between.
+        capped, _ = Replayer(_config()).project(
+            records, Fix("model_overlap", ROUTE, "model", queue=queue, capacity=2)
+        )
+        assert capped is not None
+        assert x_before < capped["throughput_rps"][1] < x_after
+
+
+def test_gather_overlaps_the_guardrail_with_the_model_call() -> None:
+    ops = [
+        Op("cpu", 0.3),
+        Op("cpu", 0.5, "guardrail"),
+        Op("wait", 60.0, "guardrail"),
+        Op("model", 200.0, "model"),
+        Op("cpu", 0.5, "serialize"),
+    ]
+    records = _closed_loop(ops, n=200)
+    projection, note = Replayer(_config()).project(
+        records, Fix("gather", ROUTE, "guardrail", other="model")
+    )
+    assert projection is not None, note
+    assert projection["p50_ms"][0] == pytest.approx(261.6, rel=0.03)
+    assert projection["p50_ms"][1] == pytest.approx(201.6, rel=0.03)
+
+
+def test_fix_and_config_validation() -> None:
+    with pytest.raises(ConfigurationError):
+        Fix("teleport", ROUTE, "x")
+    with pytest.raises(ConfigurationError):
+        Fix("gather", ROUTE, "guardrail")
+    with pytest.raises(ConfigurationError):
+        Fix("shrink", ROUTE, "serialize", factor=2.0)
+    with pytest.raises(ConfigurationError):
+        ReplayConfig(arrivals="sometimes")
+    with pytest.raises(ConfigurationError):
+        ReplayConfig(cores=0)
+
+
+def test_validation_to_dict_when_nothing_can_be_validated() -> None:
+    result = validate([], _config())
+    assert isinstance(result, Validation) and not result.ok
+    assert result.to_dict()["p50_error"] is None and "too few" in (result.reason or "")
