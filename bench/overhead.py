@@ -131,7 +131,7 @@ def variant(name: str, chunks: int = 0) -> tuple[Any, Any]:
     if name == "bare":
         return make_app(False, chunks), lambda: None
     exporter = DroppingExporter()
-    processor = BatchSpanProcessor(exporter)
+    processor = BatchSpanProcessor(exporter, max_queue_size=1_000_000)  # never drop: full cost
     provider = TracerProvider(sampler=ALWAYS_OFF if name == "tracekit-dropped" else None)
     provider.add_span_processor(processor)
     if name == "otel":

@@ -33,13 +33,29 @@ def new_span_id() -> int:
 
 
 class Request:
-    """Everything tracekit keeps about one request (or one stage tree outside any request)."""
+    """Everything tracekit keeps about one request (or one stage tree outside any request).
+
+    Rarely used fields default to class attributes (see :class:`~tracekit._accounting.Ledger`).
+    """
 
     __slots__ = (
-        "trace_id", "span_id", "parent_span_id", "remote_parent", "trace_state", "server",
-        "root", "ledgers", "scope", "status", "start", "ttfb", "chunk_first", "chunk_last",
-        "chunks", "gaps", "end", "error", "cancelled", "enrich", "inflight", "runtime", "root_path",
+        "__dict__", "trace_id", "span_id", "parent_span_id", "remote_parent", "trace_state",
+        "server", "root", "ledgers", "start", "runtime",
     )  # fmt: skip
+
+    scope: dict[str, Any] | None = None
+    root_path = ""  # the scope's root_path when the request arrived (before mounts)
+    status = 0
+    ttfb = 0
+    chunk_first = 0
+    chunk_last = 0
+    chunks = 0
+    gaps: list[int] | None = None
+    end = 0
+    error: BaseException | None = None
+    cancelled = False
+    enrich: Any = None  # an already-active server span we add attributes to
+    inflight = 0
 
     def __init__(self, runtime: Any, trace_id: int, parent_span_id: int | None,
                  remote_parent: bool, trace_state: Any, server: bool) -> None:  # fmt: skip
@@ -52,17 +68,4 @@ class Request:
         self.server = server  # emit a SERVER span (False: standalone stages, or enriching)
         self.root: Ledger | None = None
         self.ledgers: list[Ledger] = []
-        self.scope: dict[str, Any] | None = None
-        self.status = 0
         self.start = 0
-        self.ttfb = 0
-        self.chunk_first = 0
-        self.chunk_last = 0
-        self.chunks = 0
-        self.gaps: list[int] | None = None
-        self.end = 0
-        self.error: BaseException | None = None
-        self.cancelled = False
-        self.enrich: Any = None  # an already-active server span we add attributes to
-        self.inflight = 0
-        self.root_path = ""  # the scope's root_path when the request arrived (before mounts)

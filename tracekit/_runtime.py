@@ -188,18 +188,18 @@ class LedgerSpan(NonRecordingSpan):
     top level go to that span.
     """
 
-    def __init__(self, request: Request, delegate: Any = None) -> None:
-        super().__init__(SpanContext(request.trace_id, request.span_id, False, _SAMPLED,
-                                     request.trace_state))  # fmt: skip
+    def __init__(self, request: Request, delegate: Any = None) -> None:  # noqa: super-init-not-called
+        # NonRecordingSpan.__init__ only stores a SpanContext; ours is built when asked for.
         self._request = request
         self._delegate = delegate
 
     def get_span_context(self) -> SpanContext:
         led = current_ledger.get()
         request = self._request
-        if led is None or led.request is not request or led.parent is None and led.kind == "request":
-            return self._context
-        return SpanContext(request.trace_id, led.span_id, False, _SAMPLED, request.trace_state)
+        span_id = request.span_id
+        if led is not None and led.request is request and led.kind != "request":
+            span_id = led.span_id
+        return SpanContext(request.trace_id, span_id, False, _SAMPLED, request.trace_state)
 
     def _target(self) -> Any:
         led = current_ledger.get()

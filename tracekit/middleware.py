@@ -66,8 +66,8 @@ class TracekitMiddleware:
             await self.app(scope, receive, send)
             return
         request = _begin(runtime, scope)
-        if request is None:
-            await self._call_unsampled(scope, receive, send)
+        if not isinstance(request, Request):
+            await self._call_unsampled(request, scope, receive, send)
             return
         self._inflight += 1
         request.inflight = self._inflight
@@ -76,9 +76,12 @@ class TracekitMiddleware:
         finally:
             self._inflight -= 1
 
-    async def _call_unsampled(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _call_unsampled(self, parent: SpanContext | None, scope: Scope, receive: Receive,
+                              send: Send) -> None:  # fmt: skip
         ledger_token = current_ledger.set(_UNSAMPLED)
-        otel_token = otel_context.attach(_unsampled_context(scope))
+        trace_id = parent.trace_id if parent is not None else new_trace_id()
+        otel_token = otel_context.attach(_runtime.unsampled_context(
+            trace_id, new_span_id(), parent.trace_state if parent is not None else None))  # fmt: skip
         try:
             await self.app(scope, receive, send)
         finally:
@@ -134,8 +137,8 @@ class TracekitMiddleware:
         return self._runtime
 
 
-def _begin(runtime: _runtime.Runtime, scope: Scope) -> Request | None:
-    """A request record for ``scope``, or None when the sampler drops it."""
+def _begin(runtime: _runtime.Runtime, scope: Scope) -> Request | SpanContext | None:
+    """A request record for ``scope``; when the sampler drops it, the parent (or None)."""
     try:
         active = otel_trace.get_current_span()
         active_context = active.get_span_context()
@@ -146,7 +149,7 @@ def _begin(runtime: _runtime.Runtime, scope: Scope) -> Request | None:
             parent = _traceparent(scope)
         trace_id = parent.trace_id if parent is not None else new_trace_id()
         if not runtime.sample(trace_id, parent, scope.get("method", "")):
-            return None
+            return parent
         request = Request(runtime, trace_id,
                           parent.span_id if parent is not None and enrich is None else None,
                           parent is not None and parent.is_remote,
@@ -235,8 +238,3 @@ def _traceparent(scope: Scope) -> SpanContext | None:
         trace_state = TraceState.from_header([state.decode("latin-1")])
     return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0xFF), trace_state)
 
-
-def _unsampled_context(scope: Scope) -> otel_context.Context:
-    parent = _traceparent(scope)
-    trace_id = parent.trace_id if parent is not None else new_trace_id()
-    return _runtime.unsampled_context(trace_id, new_span_id(), parent.trace_state if parent else None)

@@ -22,6 +22,9 @@ EXACT_LIMIT = 2048
 RELATIVE_ERROR = 0.01
 _GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
 _LOG_GAMMA = math.log(_GAMMA)
+_INV_LOG_GAMMA = 1 / _LOG_GAMMA
+_log = math.log
+_ceil = math.ceil
 # Values at or below this (in the caller's unit, ms: one femtosecond) count as zero.
 _ZERO = 1e-12
 
@@ -68,7 +71,12 @@ class Quantiles:
             self._min = value
         if value > self._max:
             self._max = value
-        self._bucket(value)
+        if value <= _ZERO:
+            self._zeros += 1
+            return
+        index = _ceil(_log(value) * _INV_LOG_GAMMA)  # _bucket, inlined: the hot path
+        buckets = self._buckets
+        buckets[index] = buckets.get(index, 0) + 1
 
     def _switch(self, exact: array[float]) -> None:
         self._exact = None
@@ -83,7 +91,7 @@ class Quantiles:
         if value <= _ZERO:
             self._zeros += 1
             return
-        index = math.ceil(math.log(value) / _LOG_GAMMA)
+        index = _ceil(_log(value) * _INV_LOG_GAMMA)
         self._buckets[index] = self._buckets.get(index, 0) + 1
 
     @property
