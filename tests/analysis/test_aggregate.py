@@ -1,0 +1,161 @@
+"""Aggregation: percentiles, the DESIGN §4 breakdown, streaming metrics, bounds, the sample."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from tests.analysis.factories import request, stage
+from tracekit.analysis.aggregate import (
+    OTHER_ROUTES,
+    OTHER_STAGES,
+    Aggregator,
+    breakdown,
+)
+from tracekit.analysis.quantiles import EXACT_LIMIT, RELATIVE_ERROR, Quantiles
+from tracekit.analysis.slo import parse_slo
+
+ROUTE = "POST /v1/chat/completions"
+
+
+def exact_quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def test_small_samples_are_exact_with_linear_interpolation() -> None:
+    q = Quantiles()
+    for v in [5.0, 1.0, 3.0, 2.0, 4.0]:
+        q.add(v)
+    assert q.exact and q.count == 5
+    assert q.summary(("p50", "p90", "max")) == {"p50": 3.0, "p90": 4.6, "max": 5.0}
+    assert (q.min, q.mean, Quantiles().quantile(0.5)) == (1.0, 3.0, None)
+
+
+def test_large_samples_stay_within_one_percent_in_bounded_memory() -> None:
+    rng = random.Random(7)
+    values = [rng.lognormvariate(3, 1.2) for _ in range(50_000)] + [0.0] * 100
+    q = Quantiles()
+    for v in values:
+        q.add(v)
+    assert not q.exact and q.count == len(values)
+    ordered = sorted(values)
+    for p in (0.5, 0.9, 0.95, 0.99):
+        rank = p * (len(ordered) - 1)
+        low, high = ordered[math.floor(rank)], ordered[math.ceil(rank)]
+        got = q.quantile(p)
+        assert got is not None
+        assert low * (1 - RELATIVE_ERROR) - 1e-9 <= got <= high * (1 + RELATIVE_ERROR) + 1e-9
+    assert q.max == max(values) and q.quantile(0.0) == 0.0
+    assert math.isclose(q.mean or 0, sum(values) / len(values))
+    # One counter per occupied 2%-wide bucket: a few hundred, not 50,000 values.
+    assert len(q._buckets) < 1_500
+
+
+def test_the_switch_to_the_histogram_happens_past_the_exact_limit() -> None:
+    q = Quantiles()
+    for i in range(EXACT_LIMIT):
+        q.add(float(i + 1))
+    assert q.exact and q.quantile(0.5) == exact_quantile([i + 1.0 for i in range(EXACT_LIMIT)], 0.5)
+    q.add(-3.0)  # clamped to zero
+    assert not q.exact and q.min == 0.0
+
+
+def test_breakdown_splits_cpu_by_thread_and_waits_by_kind() -> None:
+    req = request(
+        ROUTE,
+        0,
+        100,
+        [
+            stage("tokenize", 0, 10, cpu_ms=8.0, wait_ms=0.0, loop_wait_ms=2.0),
+            stage("guardrail", 10, 30, cpu_ms=4.0, wait_ms=16.0, on_loop=False),
+            stage("model", 30, 90, cpu_ms=1.0, wait_ms=58.0, loop_wait_ms=1.0),
+        ],
+        cpu_ms=15.0,  # 13 in stages, 2 of the request's own code
+    )
+    assert breakdown(req) == (11.0, 4.0, 58.0, 16.0, 3.0)
+    req.model_wait_ms, req.io_wait_ms, req.loop_wait_ms = 50.0, 10.0, 5.0
+    assert breakdown(req) == (11.0, 4.0, 50.0, 10.0, 5.0)
+    assert breakdown(request(ROUTE, 0, 1, instrumented=False)) is None
+
+
+def test_route_statistics_latency_errors_throughput_and_stages() -> None:
+    agg = Aggregator()
+    for i in range(10):
+        tok = stage("tokenize", i * 100, i * 100 + 5, cpu_ms=5.0, wait_ms=0.0, max_block_ms=i)
+        tok.blocked_at = f"app.py:{i}"
+        req = request(ROUTE, i * 100, i * 100 + 10 * (i + 1), [tok], error=i == 0)
+        agg.add(req)
+    (route,) = agg.routes()
+    assert (route["route"], route["requests"], route["errors"]) == (ROUTE, 10, 1)
+    assert route["throughput_rps"] == pytest.approx(10 / 1.0)  # 0 .. 1000 ms
+    assert route["latency_ms"]["p50"] == pytest.approx(55.0)
+    assert route["latency_ms"]["max"] == pytest.approx(100.0)
+    assert route["breakdown_ms"]["cpu_on_loop"] == pytest.approx(5.0)
+    assert route["streaming"] is None and route["goodput"] is None
+    (tok_row,) = route["stages"]
+    assert (tok_row["stage"], tok_row["kind"], tok_row["count"]) == ("tokenize", "tokenize", 10)
+    assert tok_row["cpu_ms"] == {"p50": 5.0, "p95": 5.0}
+    assert (tok_row["on_loop"], tok_row["max_block_ms"], tok_row["blocked_at"]) == (
+        True,
+        9,
+        "app.py:9",
+    )
+    assert tok_row["function"] == "app.tokenize"
+    assert agg.slowest is not None and agg.slowest.wall_ms == pytest.approx(100.0)
+
+
+def test_uninstrumented_routes_have_a_null_breakdown() -> None:
+    agg = Aggregator()
+    agg.add(request("GET /dispatch", 0, 10, [stage("HTTP GET", 1, 2, span_kind="client")],
+                    instrumented=False))  # fmt: skip
+    (route,) = agg.routes()
+    assert set(route["breakdown_ms"].values()) == {None}
+    assert route["stages"][0]["cpu_ms"] == {"p50": None, "p95": None}
+    assert route["stages"][0]["on_loop"] is None
+
+
+def test_streaming_metrics_and_goodput_against_an_slo() -> None:
+    agg = Aggregator(slo=parse_slo("ttft=100ms,itl=20ms"))
+    for i in range(4):
+        agg.add(request(ROUTE, i * 250, i * 250 + 200, chunks=11, ttft_ms=50.0 + 30 * i,
+                        itl_p95_ms=10.0 + 5 * i))  # fmt: skip
+    agg.add(request(ROUTE, 1000, 1100, chunks=1))  # not streamed: no gaps, counts as good
+    (route,) = agg.routes()
+    s = route["streaming"]
+    assert s["ttft_ms"]["p50"] == pytest.approx(95.0)
+    assert s["itl_ms"]["p99"] == pytest.approx(24.85)
+    # TPOT from (wall - ttft) / (chunks - 1) when the attribute is absent.
+    assert s["tpot_ms"]["p50"] == pytest.approx((200 - 95) / 10)
+    # ttft 50, 80 meet; 110, 140 miss; itl 10, 15, 20 meet, 25 misses; the 1-chunk one meets.
+    assert route["goodput"]["fraction"] == pytest.approx(3 / 5)
+    assert route["goodput"]["rps"] == pytest.approx(3 / 1.1)
+
+
+def test_routes_and_stages_are_capped() -> None:
+    agg = Aggregator(max_routes=2, max_stages=2)
+    for i in range(5):
+        stages = [stage(f"s{j}", 0, 1, cpu_ms=0.5, wait_ms=0.0) for j in range(4)]
+        agg.add(request(f"GET /r{i}", 0, 10, stages))
+    rows = {r["route"]: r for r in agg.routes()}
+    assert set(rows) == {"GET /r0", "GET /r1", OTHER_ROUTES}
+    assert rows[OTHER_ROUTES]["requests"] == 3
+    assert [s["stage"] for s in rows["GET /r0"]["stages"]] == ["s0", "s1", OTHER_STAGES]
+    assert rows["GET /r0"]["stages"][2]["count"] == 2
+
+
+def test_the_sample_keeps_the_earliest_requests_sorted() -> None:
+    agg = Aggregator(sample_size=5)
+    starts = list(range(20))
+    random.Random(3).shuffle(starts)
+    for s in starts:
+        agg.add(request(ROUTE, s * 10.0, s * 10.0 + 5), counted=s % 2 == 0)
+    sample = agg.sample()
+    assert [r.start_ns for r in sample] == sorted(r.start_ns for r in sample)
+    assert [(r.start_ns - sample[0].start_ns) // 10_000_000 for r in sample] == [0, 1, 2, 3, 4]
+    assert agg.requests == 10  # the uncounted ones are in the sample only

@@ -1,0 +1,149 @@
+"""The terminal renderer: width, colour, unicode, and every part of a finding."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from tracekit.render.text import render_text, use_color, use_unicode
+
+ROUTE = "POST /v1/chat/completions"
+
+
+def report_dict(**overrides: Any) -> dict[str, Any]:
+    stage = {
+        "stage": "tokenize-with-a-rather-long-stage-name", "kind": "tokenize", "count": 1200,
+        "wall_ms": {"p50": 12.0, "p95": 30.5}, "cpu_ms": {"p50": 11.9, "p95": 30.1},
+        "wait_ms": {"p50": 0.0, "p95": 0.1}, "loop_wait_ms": {"p50": 2.0, "p95": 9.0},
+        "on_loop": True, "max_block_ms": 88.0, "blocked_at": "app/tok.py:42 in encode",
+        "function": "app.tok.encode",
+    }  # fmt: skip
+    route = {
+        "route": ROUTE, "requests": 1200, "errors": 3, "throughput_rps": 39.5,
+        "latency_ms": {"p50": 812.3, "p90": 1000.0, "p95": 1200.0, "p99": 1500.0, "max": 2100.0},
+        "breakdown_ms": {"cpu_on_loop": 14.0, "cpu_off_loop": 0.0, "model_wait": 700.0,
+                         "io_wait": 25.0, "loop_wait": 60.0},
+        "streaming": {"ttft_ms": {"p50": 150.0, "p90": 200.0, "p95": 250.0, "p99": 400.0},
+                      "itl_ms": {"p50": 20.0, "p90": 30.0, "p95": 35.0, "p99": 50.0},
+                      "tpot_ms": {"p50": 12.0, "p90": 14.0, "p95": 15.0, "p99": 18.0}},
+        "goodput": {"rps": 30.1, "fraction": 0.762},
+        "stages": [stage],
+    }  # fmt: skip
+    finding = {
+        "rule": "cpu-on-loop", "route": ROUTE, "stage": "tokenize", "function": "app.tok.encode",
+        "severity": "high", "impact_ms": 55.5,
+        "evidence": "tokenize ran 11.9 ms of CPU on the event loop per request (p50), delaying "
+                    "every other request: 60 ms of loop wait per request.",
+        "fix": {"title": "Run the GIL-free batch encoder in a worker thread",
+                "code": "async def tokenize(text):\n"
+                        "    ids = await asyncio.to_thread(tokenizer.encode_batch, [text])"},
+        "projection": {"p50_ms": [812.3, 640.0], "p95_ms": [1200.0, 800.0],
+                       "throughput_rps": [39.5, 52.0]},
+        "projection_note": None,
+    }  # fmt: skip
+    d = {
+        "schema": "tracekit.report/1", "source": "/var/log/traces/gateway-2026-12-02.jsonl",
+        "requests": 1200, "spans": 6000, "services": ["gateway"], "instrumented": True,
+        "slo": {"ttft_ms": 500.0, "itl_ms": 50.0, "e2e_ms": 5000.0, "tpot_ms": None},
+        "validation": {"ok": True, "p50_error": 0.04, "p95_error": -0.09, "reason": None},
+        "routes": [route], "findings": [finding], "slowest": None, "timeline": None,
+    }  # fmt: skip
+    d.update(overrides)
+    return d
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 160])
+def test_every_line_fits_the_width(width: int) -> None:
+    text = render_text(report_dict(), width=width, color=False, unicode=True)
+    too_long = [line for line in text.splitlines() if len(line) > width]
+    assert too_long == []
+
+
+def test_shows_routes_breakdown_stages_and_the_whole_finding() -> None:
+    text = render_text(report_dict(), width=120, color=False, unicode=True)
+    for piece in (
+        ROUTE, "1,200 requests", "3 errors", "39.5 req/s", "p50 812", "model wait", "TTFT ms",
+        "goodput", "76.2%", "tokenize-with-a-rather-long", "app.tok.encode",
+        "blocked at app/tok.py:42 in encode", "HIGH", "cpu-on-loop", "60 ms of loop wait",
+        "impact: 55.5 ms", "      async def tokenize(text):",
+        "          ids = await asyncio.to_thread(tokenizer.encode_batch, [text])",
+        "p50 812 → 640 ms", "rps 39.5 → 52.0", "validated", "ttft ≤ 500 ms",
+    ):  # fmt: skip
+        assert piece in text, piece
+
+
+def test_a_missing_projection_says_why() -> None:
+    d = report_dict()
+    d["findings"][0].update(projection=None, projection_note="the replay could not reproduce it")
+    d["validation"] = {"ok": False, "p50_error": 0.3, "p95_error": 0.5, "reason": "p50 off by 30%"}
+    text = render_text(d, width=100, color=False)
+    assert "no projection: the replay could not reproduce it" in text
+    assert "not validated, so no projections: p50 off by 30%" in text
+    assert "projected:" not in text
+
+
+def test_no_findings_and_no_requests() -> None:
+    assert "No findings" in render_text(report_dict(findings=[]), width=80, color=False)
+    empty = report_dict(findings=[], routes=[], requests=0, spans=0, validation=None)
+    assert "No requests found." in render_text(empty, width=80, color=False)
+
+
+def test_colour_only_when_asked() -> None:
+    assert "\x1b[" not in render_text(report_dict(), width=100, color=False)
+    assert "\x1b[31m" in render_text(report_dict(), width=100, color=True)
+
+
+def test_ascii_glyphs_when_unicode_is_off() -> None:
+    text = render_text(report_dict(), width=100, color=False, unicode=False)
+    assert text.isascii() and "812 -> 640" in text and "<= 500 ms" in text
+
+
+class FakeStream(io.StringIO):
+    def __init__(self, tty: bool, encoding: str) -> None:
+        super().__init__()
+        self._tty = tty
+        self._encoding = encoding
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+
+def test_colour_follows_the_tty_and_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert use_color(FakeStream(True, "utf-8")) and not use_color(FakeStream(False, "utf-8"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color(FakeStream(True, "utf-8"))
+    tty = FakeStream(True, "utf-8")
+    assert "\x1b[" not in render_text(report_dict(), width=100, stream=tty)
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert use_color(FakeStream(False, "utf-8"))
+
+
+def test_unicode_follows_the_stream_encoding() -> None:
+    assert use_unicode(FakeStream(False, "utf-8"))
+    assert not use_unicode(FakeStream(False, "ascii"))
+    text = render_text(report_dict(), width=100, color=False, stream=FakeStream(False, "ascii"))
+    assert text.isascii()
+
+
+def test_hostile_text_is_flattened_and_renders_from_a_report_object() -> None:
+    d = report_dict()
+    d["routes"][0]["route"] = "GET /a\nFAKE LINE\tx"
+    d["routes"][0]["stages"][0]["stage"] = "x" * 10_000
+    text = render_text(d, width=80, color=False)
+    assert "FAKE LINE" in text and "\nFAKE LINE" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+    class Wrapper:
+        def to_dict(self) -> dict[str, Any]:
+            return report_dict()
+
+    assert ROUTE in render_text(Wrapper(), width=80, color=False)
