@@ -48,10 +48,9 @@ class Watchdog:
 
     def watch(self, state: ThreadState) -> None:
         """Watch the loop thread owning ``state`` (idempotent); starts the thread lazily."""
-        if state in self._watched:
-            return
         with self._lock:
             self._watched.add(state)
+            state.watched = self
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tracekit-watchdog", daemon=True)
                 self._thread.start()

@@ -94,8 +94,9 @@ class TracekitMiddleware:
         ledger_token = current_ledger.set(root)
         otel_token = otel_context.attach(_runtime.request_context(request))
         state = _loop.thread_state()
-        if request.runtime.watchdog is not None:
-            request.runtime.watchdog.watch(state)
+        watchdog = request.runtime.watchdog
+        if state.watched is not watchdog and watchdog is not None:
+            watchdog.watch(state)
 
         async def watched_send(message: Message) -> None:
             kind = message["type"]
