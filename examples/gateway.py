@@ -10,7 +10,7 @@ call instead of beside it. tracekit finds both.
 Run (with examples/model_server.py on port 8001):
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 \\
     uvicorn examples.gateway:app --port 8000       # traces to Jaeger / any OTLP backend
-or  TRACEKIT_EXPORTER=jsonl:traces.jsonl uvicorn examples.gateway:app --port 8000
+or  OTEL_TRACES_EXPORTER=jsonl:traces.jsonl uvicorn examples.gateway:app --port 8000
 """
 
 from __future__ import annotations
@@ -106,6 +106,5 @@ async def chat(request: Request) -> Response:
     return Response(serialize(reply, len(tokens)), media_type="application/json")
 
 
-exporter = os.environ.get("TRACEKIT_EXPORTER")  # e.g. jsonl:traces.jsonl; default: OTEL_* / otlp
-tracekit.configure(service_name="example-gateway", exporter=exporter)
+tracekit.configure(service_name="example-gateway")  # exporter from OTEL_TRACES_EXPORTER, else otlp
 app.add_middleware(tracekit.TracekitMiddleware)

@@ -110,7 +110,7 @@ def main() -> None:
 
     model_port, gateway_port = free_port(), free_port()
     env = {**os.environ, "MODEL_URL": f"http://127.0.0.1:{model_port}",
-           "TRACEKIT_EXPORTER": f"jsonl:{traces.resolve()}", "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "OTEL_TRACES_EXPORTER": f"jsonl:{traces.resolve()}", "PYTHONPATH": str(ROOT)}  # fmt: skip
     model_args = ["examples/model_server.py", "--port", str(model_port)]
     model = start(model_args + (["--serial"] if args.serial_model else []), env)
     gateway = start(["-m", "uvicorn", "examples.gateway:app", "--host", "127.0.0.1",
