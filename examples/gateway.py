@@ -28,15 +28,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 import tracekit
 
 MODEL_URL = os.environ.get("MODEL_URL", "http://127.0.0.1:8001")
-GUARDRAIL_ROUNDS = int(os.environ.get("GUARDRAIL_ROUNDS", "40"))
+GUARDRAIL_ROUNDS = int(os.environ.get("GUARDRAIL_ROUNDS", "120"))
 
 
 def train_tokenizer() -> Tokenizer:
     """A small BPE tokenizer trained on a generated corpus (real library, no hub)."""
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    words = ("gateway latency token model stream request batch queue guardrail serialize "
-             "prompt answer event loop thread python asyncio vllm cuda kernel").split()  # fmt: skip
+    words = ["gateway", "latency", "token", "model", "stream", "request", "batch", "queue", "guardrail", "serialize", "prompt", "answer", "event", "loop", "thread", "python", "asyncio", "vllm", "cuda", "kernel"]  # fmt: skip
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(2000)]
     tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=500, special_tokens=["[UNK]"]))
     return tokenizer

@@ -77,7 +77,7 @@ async def drive(url: str, requests: int, concurrency: int, deadline_s: float) ->
         nonlocal ok, failed
         while not queue.empty() and time.monotonic() < stop_at:
             i = queue.get_nowait()
-            body = {"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)] * 8}],
+            body = {"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)] * 30}],
                     "max_tokens": 24, "stream": i % 3 == 0}  # fmt: skip
             try:
                 if body["stream"]:

@@ -36,9 +36,27 @@ class Ledger:
     """
 
     __slots__ = (
-        "__dict__", "name", "kind", "function", "namespace", "request", "parent", "span_id",
-        "start", "end", "cpu_on", "cpu_off", "loop_wait", "max_block", "steps",
-        "active_children", "suspended_at", "step_t0", "step_c0", "nested_cpu", "prev_top",
+        "__dict__",
+        "active_children",
+        "cpu_off",
+        "cpu_on",
+        "end",
+        "function",
+        "kind",
+        "loop_wait",
+        "max_block",
+        "name",
+        "namespace",
+        "nested_cpu",
+        "parent",
+        "prev_top",
+        "request",
+        "span_id",
+        "start",
+        "step_c0",
+        "step_t0",
+        "steps",
+        "suspended_at",
     )  # fmt: skip
 
     child_spans: list[tuple[int, int]] | None = None  # direct children's (start, end)

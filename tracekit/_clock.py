@@ -14,7 +14,7 @@ can assert exact microseconds.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 wall_ns: Callable[[], int] = time.perf_counter_ns
 cpu_ns: Callable[[], int] = time.thread_time_ns

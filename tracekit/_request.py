@@ -39,8 +39,17 @@ class Request:
     """
 
     __slots__ = (
-        "__dict__", "trace_id", "span_id", "parent_span_id", "remote_parent", "trace_state",
-        "server", "root", "ledgers", "start", "runtime",
+        "__dict__",
+        "ledgers",
+        "parent_span_id",
+        "remote_parent",
+        "root",
+        "runtime",
+        "server",
+        "span_id",
+        "start",
+        "trace_id",
+        "trace_state",
     )  # fmt: skip
 
     scope: dict[str, Any] | None = None

@@ -15,7 +15,8 @@ from __future__ import annotations
 import atexit
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
@@ -198,7 +199,7 @@ class LedgerSpan(NonRecordingSpan):
     top level go to that span.
     """
 
-    def __init__(self, request: Request, delegate: Any = None) -> None:  # noqa: super-init-not-called
+    def __init__(self, request: Request, delegate: Any = None) -> None:
         # NonRecordingSpan.__init__ only stores a SpanContext; ours is built when asked for.
         self._request = request
         self._delegate = delegate

@@ -149,7 +149,9 @@ def _otlp_exporter(name: str) -> Any:
         return OTLPSpanExporter()
     if protocol not in ("http/protobuf", "grpc"):
         logger.warning("tracekit: unsupported OTLP protocol %r; using http/protobuf", protocol)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
 
     return HttpExporter()
 

@@ -14,7 +14,8 @@ instead of making a second server span.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace

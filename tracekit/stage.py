@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+from collections.abc import Callable
 from contextvars import ContextVar, Token
-from typing import Any, Callable, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 

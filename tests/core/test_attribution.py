@@ -6,7 +6,6 @@ Timing assertions are ratios and wide margins: these machines are shared and noi
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 
 import httpx

@@ -68,7 +68,7 @@ def run_requests(app: Any, n: int = 3, headers: list[tuple[bytes, bytes]] | None
 class _Collector(BaseHTTPRequestHandler):
     requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
@@ -146,7 +146,7 @@ class _GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.requests: list[Any] = []
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
+    def Export(self, request: Any, context: Any) -> Any:
         self.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
