@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python examples/gateway_under_load.py
 
-test: $(STAMP)
+test: $(STAMP)  ## lint (ruff), type-check (mypy strict), then the whole test suite
 	bash scripts/ensure-chromium
+	$(BIN)/ruff check -q tracekit integrations tests bench examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -14,7 +14,8 @@ model with one real suspension, serialize). Variants:
 Time per request = (wall time of N requests + flushing everything queued) / N, and also
 process CPU time (all threads: span building and export included) / N. Variants run in
 interleaved rounds; the best (minimum) round is reported: on a shared machine noise only ever
-adds time, and the minimum is the most repeatable estimate of the true cost. Streaming: the cost per body chunk is the
+adds time, and the minimum is the most repeatable estimate of the true cost. Streaming: the cost
+per body chunk is the
 slope between a 1-chunk and a 201-chunk response. Soak: RSS growth over 100,000 traced
 requests after a warm-up.
 

@@ -35,7 +35,8 @@ def train_tokenizer() -> Tokenizer:
     """A small BPE tokenizer trained on a generated corpus (real library, no hub)."""
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    words = ["gateway", "latency", "token", "model", "stream", "request", "batch", "queue", "guardrail", "serialize", "prompt", "answer", "event", "loop", "thread", "python", "asyncio", "vllm", "cuda", "kernel"]  # fmt: skip
+    words = ("gateway latency token model stream request batch queue guardrail serialize "
+             "prompt answer event loop thread python asyncio vllm cuda kernel").split()
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(2000)]
     tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=500, special_tokens=["[UNK]"]))
     return tokenizer

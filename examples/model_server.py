@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-WORDS = ["the", "model", "answers", "with", "plain", "words", "so", "the", "demo", "has", "something", "to", "stream"]
+WORDS = "the model answers with plain words so the demo has something to stream".split()
 
 
 def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = False) -> Starlette:

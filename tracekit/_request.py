@@ -8,6 +8,7 @@ cheaper than one SDK span lifecycle per stage).
 from __future__ import annotations
 
 import random
+from collections.abc import MutableMapping
 from typing import Any
 
 from tracekit._accounting import Ledger
@@ -52,7 +53,7 @@ class Request:
         "trace_state",
     )  # fmt: skip
 
-    scope: dict[str, Any] | None = None
+    scope: MutableMapping[str, Any] | None = None
     root_path = ""  # the scope's root_path when the request arrived (before mounts)
     status = 0
     ttfb = 0

@@ -267,8 +267,8 @@ def standalone_request() -> Request | None:
     runtime = current
     if runtime is None or not runtime.enabled:
         return None
-    parent = otel_trace.get_current_span().get_span_context()
-    parent = parent if parent.is_valid else None
+    current_context = otel_trace.get_current_span().get_span_context()
+    parent = current_context if current_context.is_valid else None
     trace_id = parent.trace_id if parent else new_trace_id()
     if not runtime.sample(trace_id, parent, "stage"):
         return None

@@ -45,7 +45,7 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
                                     _SAMPLED, trace_state)  # fmt: skip
     contexts: dict[int, SpanContext] = {}  # id(ledger) -> its span context, parents first
     spans = []
-    for led, c in zip(request.ledgers, comps):
+    for led, c in zip(request.ledgers, comps, strict=True):
         if led.kind == "request":
             contexts[id(led)] = request_context
             continue

@@ -8,6 +8,7 @@ as the request ends.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from tracekit import _accounting, _clock, semconv
@@ -84,7 +85,7 @@ def request_attributes(request: Request, comps: list[dict[str, float]] | None = 
     cpu = cpu_on = loop_wait = model_wait = io_wait = 0.0
     max_block = 0.0
     blocked_at = None
-    for led, c in zip(request.ledgers, comps or all_components(request)):
+    for led, c in zip(request.ledgers, comps or all_components(request), strict=True):
         cpu += c["cpu"]
         cpu_on += c["cpu_on"]
         loop_wait += c["loop_wait"]
@@ -177,7 +178,7 @@ def http_attributes(request: Request) -> tuple[str, dict[str, Any]]:
     return (f"{method} {route}" if route else method), attrs
 
 
-def route_template(scope: dict[str, Any], request: Request) -> str | None:
+def route_template(scope: Mapping[str, Any], request: Request) -> str | None:
     """The matched route's path template (Starlette/FastAPI put the route in the scope)."""
     route = scope.get("route")
     path = getattr(route, "path", None) or getattr(route, "path_format", None)

@@ -65,7 +65,9 @@ class Watchdog:
             now = _clock.wall_ns()
             for state in list(self._watched):
                 start = state.slice_start
-                if start and now - start >= self.threshold_ns and self._sampled.get(state.ident) != state.seq:
+                if not start or now - start < self.threshold_ns:
+                    continue
+                if self._sampled.get(state.ident or 0) != state.seq:
                     self._sample(state, now - start)
 
     def _sample(self, state: ThreadState, held_ns: int) -> None:
@@ -91,7 +93,7 @@ class Watchdog:
 
 def _stack(frame: FrameType | None) -> list[tuple[str, int, str]]:
     """Innermost-first (file, line, function), skipping tracekit's own frames."""
-    frames = []
+    frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < STACK_DEPTH:
         filename = frame.f_code.co_filename
         if not filename.startswith(_TRACEKIT_DIR):

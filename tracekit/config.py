@@ -145,7 +145,8 @@ def _otlp_exporter(name: str) -> Any:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
-            raise ConfigurationError("OTLP over gRPC needs the grpc extra: pip install 'tracekit[grpc]'") from exc
+            raise ConfigurationError(
+                "OTLP over gRPC needs the grpc extra: pip install 'tracekit[grpc]'") from exc
         return OTLPSpanExporter()
     if protocol not in ("http/protobuf", "grpc"):
         logger.warning("tracekit: unsupported OTLP protocol %r; using http/protobuf", protocol)

@@ -254,8 +254,8 @@ def _memory_provider(sampler: Any = None) -> tuple[TracerProvider, InMemorySpanE
     return provider, exporter
 
 
-def test_sampler_from_env_drops_requests_but_still_propagates(otel_globals: None,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_sampler_from_env_drops_requests_but_still_propagates(
+        otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
     provider, exporter = _memory_provider()
     tracekit.configure(tracer_provider=provider)

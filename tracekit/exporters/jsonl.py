@@ -79,8 +79,8 @@ def encode(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     for resource, scopes in by_resource.values():
         scope_spans = []
         for (name, version), encoded in scopes.items():
-            scope = {"name": name, **({"version": version} if version else {})}
-            scope_spans.append({"scope": scope, "spans": encoded})
+            encoded_scope = {"name": name, **({"version": version} if version else {})}
+            scope_spans.append({"scope": encoded_scope, "spans": encoded})
         resource_spans.append({
             "resource": {"attributes": _attributes(resource.attributes if resource else {})},
             "scopeSpans": scope_spans,
