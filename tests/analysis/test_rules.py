@@ -449,3 +449,10 @@ def test_tokenizers_encode_holds_the_gil_and_encode_batch_releases_it() -> None:
     beside = measure_tokenizers_gil(repeat=3)
     # A pure-Python thread runs beside encode_batch; beside encode it (nearly) stops.
     assert beside["encode_batch"] > 2 * beside["encode"]
+
+
+def test_cpu_bound_guardrail_says_overlap_needs_it_off_the_loop() -> None:
+    cpu_bound = next(f for f in run_rules(cpu_guardrail(), _ctx()) if f.rule == "sequential-independent")
+    assert "CPU-bound on the event loop" in cpu_bound.evidence and "cpu-on-loop" in cpu_bound.evidence
+    waiting = _one(guardrail_first(), "sequential-independent")  # an I/O guardrail: overlap helps
+    assert "CPU-bound" not in waiting.evidence

@@ -138,6 +138,13 @@ class SequentialIndependent:
                 f"{len(found)} of {instrumented} requests; started together they would "
                 f"overlap by {ms(gain)} per request (p50)"
             )
+            if _cpu_bound_on_loop([g for g, _ in found]):
+                # A sync CPU-bound guardrail holds the loop: a model call started "beside" it
+                # cannot even send its request until it returns, so this needs both fixes.
+                evidence += (
+                    f"; but {guard_name} is CPU-bound on the event loop, so a model call started "
+                    f"beside it only overlaps once {guard_name} runs off the loop (see cpu-on-loop)"
+                )
             out.append(
                 finding(
                     rule=self.id,
@@ -204,6 +211,12 @@ class SequentialIndependent:
                 )
             )
         return out
+
+
+def _cpu_bound_on_loop(guards: list[StageRecord]) -> bool:
+    """Most of these guardrail runs spent most of their wall time on-CPU on the loop."""
+    bound = sum(1 for g in guards if g.on_loop and (g.cpu_ms or 0.0) >= 0.5 * g.wall_ms > 0)
+    return bound * 2 > len(guards)
 
 
 def _guardrail_before(model: StageRecord, tree: StageTree) -> StageRecord | None:
