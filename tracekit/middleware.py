@@ -132,11 +132,13 @@ class TracekitMiddleware:
         from tracekit import config
 
         try:
-            self._runtime = config.runtime_for(self._provider, self.service_name)
+            runtime = config.runtime_for(self._provider, self.service_name)
         except Exception:
             internal_error("middleware configuration")
-            self._runtime = None
-        return self._runtime
+            return None
+        if self._provider is not None:
+            self._runtime = runtime  # its own provider; otherwise follow tracekit.configure()
+        return runtime
 
 
 def _begin(runtime: _runtime.Runtime, scope: Scope) -> Request | SpanContext | None:

@@ -21,6 +21,8 @@ How each form is timed:
 - async function: every resumption of its coroutine is a step (:mod:`tracekit._steps`);
 - async generator (a streaming model call): steps inside each ``__anext__``; the time the
   consumer holds an item between iterations is ``tracekit.consumer_ms``, not the stage's;
+- sync generator (a streamed body Starlette iterates in its thread pool): each ``next()`` is
+  a step, in whatever thread runs it, with consumer time as above;
 - ``with`` / ``async with`` block: the enclosing coroutine's steps belong to the block while
   it is open.
 
@@ -159,6 +161,8 @@ class Stage:
             raise TypeError(f"stage({self.name!r}) decorates a function, got {type(fn).__name__}")
         if inspect.isasyncgenfunction(fn):
             return self._wrap_async_gen(fn)
+        if inspect.isgeneratorfunction(fn):
+            return self._wrap_gen(fn)
         if inspect.iscoroutinefunction(fn):
             return self._wrap_async(fn)
         return self._wrap_sync(fn)
@@ -214,6 +218,16 @@ class Stage:
             return result
 
         return async_stage  # type: ignore[return-value]
+
+    def _wrap_gen(self, fn: F) -> F:
+        name, kind = self.name, self.kind
+        function, namespace = self._identity(fn)
+
+        @functools.wraps(fn)
+        def gen_stage(*args: Any, **kwargs: Any) -> StagedGenerator:
+            return StagedGenerator(fn(*args, **kwargs), name, kind, function, namespace)
+
+        return gen_stage  # type: ignore[return-value]
 
     def _wrap_async_gen(self, fn: F) -> F:
         name, kind = self.name, self.kind
@@ -343,6 +357,80 @@ class StagedAsyncGenerator:
             now = self._yielded_at = _clock.wall_ns()
             if not led.first_item:
                 led.first_item = now
+        return item
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done or self._opened is None:
+            self._done = True
+            return
+        self._done = True
+        if self._yielded_at:
+            self._opened[0].consumer += _clock.wall_ns() - self._yielded_at
+        _close(self._opened, error)
+
+
+class StagedGenerator:
+    """A sync generator whose iterations are timed as one stage (e.g. a streamed body that
+    Starlette iterates in its thread pool): each ``next()`` is one step, in whatever thread
+    runs it; the consumer's time between items is ``tracekit.consumer_ms``."""
+
+    __slots__ = ("_done", "_gen", "_identity", "_opened", "_yielded_at")
+
+    def __init__(self, gen: Any, name: str, kind: str, function: str | None,
+                 namespace: str | None) -> None:  # fmt: skip
+        self._gen = gen
+        self._identity = (name, kind, function, namespace)
+        self._opened: _Opened | None = None
+        self._yielded_at = 0
+        self._done = False
+
+    def __iter__(self) -> StagedGenerator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._step(self._gen.__next__)
+
+    def send(self, value: Any) -> Any:
+        return self._step(self._gen.send, value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._step(self._gen.throw, *args)
+
+    def close(self) -> None:
+        try:
+            self._gen.close()
+        finally:
+            self._finish(None)
+
+    def _step(self, advance: Callable[..., Any], *args: Any) -> Any:
+        if self._done:
+            return advance(*args)
+        opened = self._opened
+        if opened is None:
+            opened = self._opened = _open(*self._identity, bind=False)
+            if opened is None:
+                self._done = True
+                return advance(*args)
+        led = opened[0]
+        now = _clock.wall_ns()
+        if self._yielded_at:
+            led.consumer += now - self._yielded_at
+            self._yielded_at = 0
+        tokens = _bind(led)
+        state = _loop.thread_state()
+        on_loop = _get_running_loop() is not None
+        _accounting.step_begin(led, state, now)
+        try:
+            item = advance(*args)
+        except BaseException as exc:
+            _accounting.step_end(led, state, on_loop)
+            _unbind(*tokens)
+            self._finish(None if isinstance(exc, StopIteration) else exc)
+            raise
+        self._yielded_at = _accounting.step_end(led, state, on_loop)
+        _unbind(*tokens)
+        if not led.first_item:
+            led.first_item = self._yielded_at
         return item
 
     def _finish(self, error: BaseException | None) -> None:

@@ -262,3 +262,24 @@ def test_tokenize_counts_tokens() -> None:
     with tracekit.record() as rec:
         tokenize("hello")
     assert rec.spans[0].attributes[sc.TOKENS] == 5
+
+
+def test_sync_generator_stage_times_each_item_in_its_thread() -> None:
+    @tracekit.stage("serialize")
+    def chunks(n: int):  # type: ignore[no-untyped-def]
+        for i in range(n):
+            spin(2)
+            yield f"data: {i}\n\n"
+
+    @tracekit.stage("request")
+    async def handler() -> list[str]:
+        return await asyncio.to_thread(lambda: list(chunks(4)))  # as Starlette iterates it
+
+    with tracekit.record() as rec:
+        assert asyncio.run(handler()) == [f"data: {i}\n\n" for i in range(4)]
+    spans = by_name(rec.spans)
+    a = spans["serialize"].attributes
+    assert spans["serialize"].parent.span_id == spans["request"].context.span_id
+    assert a[sc.STEPS] == 5  # four items and the final StopIteration
+    assert a[sc.ON_LOOP] is False and a[sc.CPU_MS] >= 2
+    assert "tracekit.unfinished" not in a
