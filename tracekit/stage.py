@@ -294,57 +294,82 @@ def _switch_out(led: Ledger, outer: Ledger | None) -> None:
         _accounting.step_begin(outer, state, now)
 
 
-class StagedAsyncGenerator:
-    """An async generator whose iterations are timed as one stage (streaming model calls)."""
+class _StagedIteration:
+    """What the two generator wrappers share: the lazily opened ledger and consumer time."""
 
-    __slots__ = ("_agen", "_done", "_identity", "_opened", "_yielded_at")
+    __slots__ = ("_done", "_identity", "_inner", "_opened", "_yielded_at")
 
-    def __init__(self, agen: Any, name: str, kind: str, function: str | None,
+    def __init__(self, inner: Any, name: str, kind: str, function: str | None,
                  namespace: str | None) -> None:  # fmt: skip
-        self._agen = agen
+        self._inner = inner
         self._identity = (name, kind, function, namespace)
         self._opened: _Opened | None = None
         self._yielded_at = 0
         self._done = False
 
-    def __aiter__(self) -> StagedAsyncGenerator:
-        return self
-
-    def __anext__(self) -> Any:
-        return self._step(self._agen.__anext__())
-
-    def asend(self, value: Any) -> Any:
-        return self._step(self._agen.asend(value))
-
-    def athrow(self, *args: Any) -> Any:
-        return self._step(self._agen.athrow(*args))
-
-    async def aclose(self) -> None:
-        if self._done:
-            return
-        try:
-            await self._step(self._agen.aclose(), closing=True)
-        finally:
-            self._finish(None)
-
-    async def _step(self, awaitable: Any, closing: bool = False) -> Any:
-        if self._done:
-            return await awaitable
+    def _ledger(self) -> Ledger | None:
+        """The stage's ledger, opened at the first iteration; None when not recording."""
         opened = self._opened
         if opened is None:
             opened = self._opened = _open(*self._identity, bind=False)
             if opened is None:
                 self._done = True
-                return await awaitable
+                return None
             if self._identity[1] == semconv.KIND_MODEL:
                 opened[0].set_attribute(semconv.GEN_AI_REQUEST_STREAM, True)
         led = opened[0]
-        if self._yielded_at:
+        if self._yielded_at:  # the consumer held the last item until now
             led.consumer += _clock.wall_ns() - self._yielded_at
             self._yielded_at = 0
+        return led
+
+    def _yielded(self, led: Ledger, now: int) -> None:
+        self._yielded_at = now
+        if not led.first_item:
+            led.first_item = now
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done or self._opened is None:
+            self._done = True
+            return
+        self._done = True
+        if self._yielded_at:
+            self._opened[0].consumer += _clock.wall_ns() - self._yielded_at
+        _close(self._opened, error)
+
+
+class StagedAsyncGenerator(_StagedIteration):
+    """An async generator whose iterations are timed as one stage (streaming model calls)."""
+
+    __slots__ = ()
+
+    def __aiter__(self) -> StagedAsyncGenerator:
+        return self
+
+    def __anext__(self) -> Any:
+        return self._step(self._inner.__anext__())
+
+    def asend(self, value: Any) -> Any:
+        return self._step(self._inner.asend(value))
+
+    def athrow(self, *args: Any) -> Any:
+        return self._step(self._inner.athrow(*args))
+
+    async def aclose(self) -> None:
+        if self._done:
+            return
+        try:
+            await self._step(self._inner.aclose(), closing=True)
+        finally:
+            self._finish(None)
+
+    async def _step(self, awaitable: Any, closing: bool = False) -> Any:
+        led = None if self._done else self._ledger()
+        if led is None:
+            return await awaitable
         tokens = _bind(led)  # only while the generator's own code runs, not the consumer's
         try:
-            item = await Stepped(awaitable, led, self._agen)
+            item = await Stepped(awaitable, led, self._inner)
         except StopAsyncIteration:
             self._finish(None)
             raise
@@ -354,72 +379,43 @@ class StagedAsyncGenerator:
         finally:
             _unbind(*tokens)
         if not closing:
-            now = self._yielded_at = _clock.wall_ns()
-            if not led.first_item:
-                led.first_item = now
+            self._yielded(led, _clock.wall_ns())
         return item
 
-    def _finish(self, error: BaseException | None) -> None:
-        if self._done or self._opened is None:
-            self._done = True
-            return
-        self._done = True
-        if self._yielded_at:
-            self._opened[0].consumer += _clock.wall_ns() - self._yielded_at
-        _close(self._opened, error)
 
-
-class StagedGenerator:
+class StagedGenerator(_StagedIteration):
     """A sync generator whose iterations are timed as one stage (e.g. a streamed body that
     Starlette iterates in its thread pool): each ``next()`` is one step, in whatever thread
     runs it; the consumer's time between items is ``tracekit.consumer_ms``."""
 
-    __slots__ = ("_done", "_gen", "_identity", "_opened", "_yielded_at")
-
-    def __init__(self, gen: Any, name: str, kind: str, function: str | None,
-                 namespace: str | None) -> None:  # fmt: skip
-        self._gen = gen
-        self._identity = (name, kind, function, namespace)
-        self._opened: _Opened | None = None
-        self._yielded_at = 0
-        self._done = False
+    __slots__ = ()
 
     def __iter__(self) -> StagedGenerator:
         return self
 
     def __next__(self) -> Any:
-        return self._step(self._gen.__next__)
+        return self._step(self._inner.__next__)
 
     def send(self, value: Any) -> Any:
-        return self._step(self._gen.send, value)
+        return self._step(self._inner.send, value)
 
     def throw(self, *args: Any) -> Any:
-        return self._step(self._gen.throw, *args)
+        return self._step(self._inner.throw, *args)
 
     def close(self) -> None:
         try:
-            self._gen.close()
+            self._inner.close()
         finally:
             self._finish(None)
 
     def _step(self, advance: Callable[..., Any], *args: Any) -> Any:
-        if self._done:
+        led = None if self._done else self._ledger()
+        if led is None:
             return advance(*args)
-        opened = self._opened
-        if opened is None:
-            opened = self._opened = _open(*self._identity, bind=False)
-            if opened is None:
-                self._done = True
-                return advance(*args)
-        led = opened[0]
-        now = _clock.wall_ns()
-        if self._yielded_at:
-            led.consumer += now - self._yielded_at
-            self._yielded_at = 0
         tokens = _bind(led)
         state = _loop.thread_state()
         on_loop = _get_running_loop() is not None
-        _accounting.step_begin(led, state, now)
+        _accounting.step_begin(led, state, _clock.wall_ns())
         try:
             item = advance(*args)
         except BaseException as exc:
@@ -427,20 +423,10 @@ class StagedGenerator:
             _unbind(*tokens)
             self._finish(None if isinstance(exc, StopIteration) else exc)
             raise
-        self._yielded_at = _accounting.step_end(led, state, on_loop)
+        now = _accounting.step_end(led, state, on_loop)
         _unbind(*tokens)
-        if not led.first_item:
-            led.first_item = self._yielded_at
+        self._yielded(led, now)
         return item
-
-    def _finish(self, error: BaseException | None) -> None:
-        if self._done or self._opened is None:
-            self._done = True
-            return
-        self._done = True
-        if self._yielded_at:
-            self._opened[0].consumer += _clock.wall_ns() - self._yielded_at
-        _close(self._opened, error)
 
 
 @overload
