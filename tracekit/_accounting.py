@@ -38,6 +38,7 @@ class Ledger:
     __slots__ = (
         "__dict__",
         "active_children",
+        "child_spans",
         "cpu_off",
         "cpu_on",
         "end",
@@ -59,7 +60,6 @@ class Ledger:
         "suspended_at",
     )  # fmt: skip
 
-    child_spans: list[tuple[int, int]] | None = None  # direct children's (start, end)
     consumer = 0  # async generators: ns the consumer held yielded items
     slices: list[tuple[int, int]] | None = None  # (start, duration) >= 1 ms, on the loop
     waits: list[tuple[int, int]] | None = None  # (ready, duration) >= 1 ms
@@ -83,6 +83,7 @@ class Ledger:
         self.steps = self.active_children = self.suspended_at = 0
         self.step_t0 = self.step_c0 = self.nested_cpu = 0
         self.prev_top: Ledger | None = None
+        self.child_spans: list[tuple[int, int]] | None = None  # direct children's (start, end)
         if parent is not None:
             parent.active_children += 1
 

@@ -36,36 +36,24 @@ def new_span_id() -> int:
 class Request:
     """Everything tracekit keeps about one request (or one stage tree outside any request).
 
-    Rarely used fields default to class attributes (see :class:`~tracekit._accounting.Ledger`).
+    Rarely used fields (streaming, errors, enrichment) default to class attributes; fields
+    written for every request are slots (an instance ``__dict__`` is one more object for the
+    garbage collector to track, per request).
     """
 
     __slots__ = (
-        "__dict__",
-        "ledgers",
-        "parent_span_id",
-        "remote_parent",
-        "root",
-        "runtime",
-        "server",
-        "span_id",
-        "start",
-        "trace_id",
-        "trace_state",
+        "__dict__", "end", "inflight", "ledgers", "parent_span_id", "remote_parent", "root",
+        "root_path", "runtime", "scope", "server", "span_id", "start", "status", "trace_id",
+        "trace_state", "ttfb",
     )  # fmt: skip
 
-    scope: MutableMapping[str, Any] | None = None
-    root_path = ""  # the scope's root_path when the request arrived (before mounts)
-    status = 0
-    ttfb = 0
     chunk_first = 0
     chunk_last = 0
     chunks = 0
     gaps: list[int] | None = None
-    end = 0
     error: BaseException | None = None
     cancelled = False
     enrich: Any = None  # an already-active server span we add attributes to
-    inflight = 0
 
     def __init__(self, runtime: Any, trace_id: int, parent_span_id: int | None,
                  remote_parent: bool, trace_state: Any, server: bool) -> None:  # fmt: skip
@@ -78,4 +66,6 @@ class Request:
         self.server = server  # emit a SERVER span (False: standalone stages, or enriching)
         self.root: Ledger | None = None
         self.ledgers: list[Ledger] = []
-        self.start = 0
+        self.scope: MutableMapping[str, Any] | None = None
+        self.root_path = ""  # the scope's root_path when the request arrived (before mounts)
+        self.start = self.end = self.status = self.ttfb = self.inflight = 0
