@@ -1,8 +1,8 @@
 """The compact per-request record kept on the hot path instead of live SDK spans.
 
 A request is recorded as plain integers and ledgers while it runs; its spans are built
-later, off the request path, by :mod:`tracekit._spans` (this is how tracekit stays far
-cheaper than one SDK span lifecycle per stage).
+later, off the request path, by :mod:`tracekit._spans`, instead of paying an SDK span
+lifecycle per stage while the request runs (costs measured in docs/performance.md).
 """
 
 from __future__ import annotations
