@@ -214,6 +214,13 @@ def test_help_exits_zero() -> None:
     assert code == 0 and "--fail-on" in out and "--jaeger" in out
 
 
+def test_version() -> None:
+    from importlib.metadata import version
+
+    code, out, _ = run_main("--version")
+    assert code == 0 and out.strip() == f"tracekit {version('tracekit')}"
+
+
 def test_skipped_spans_are_a_warning_not_an_error(tmp_path: Path) -> None:
     good = GEN.otlp_span("ab" * 16, "cd" * 8, None, "GET /x", "server", 10, 20)
     bad = GEN.otlp_span("zz", "cd" * 8, None, "GET /y", "server", 10, 20)

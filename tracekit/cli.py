@@ -97,11 +97,21 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
 COMMANDS: list[Callable[[argparse._SubParsersAction[_Parser]], None]] = [add_analyze_command]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tracekit")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> _Parser:
     """The ``tracekit`` argument parser with every command of :data:`COMMANDS`."""
     parser = _Parser(
         prog="tracekit", description="What exactly is slow on an LLM gateway's request path."
     )
+    parser.add_argument("--version", action="version", version=f"tracekit {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in COMMANDS:
         register(subparsers)
