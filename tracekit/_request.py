@@ -50,7 +50,8 @@ class Request:
     chunk_first = 0
     chunk_last = 0
     chunks = 0
-    gaps: list[int] | None = None
+    gaps: list[int] | None = None  # inter-chunk gaps (a bounded sample: middleware.MAX_GAPS)
+    gap_max = 0
     error: BaseException | None = None
     cancelled = False
     enrich: Any = None  # an already-active server span we add attributes to

@@ -138,7 +138,7 @@ def stream_attributes(request: Request) -> dict[str, Any]:
         ordered = sorted(gaps)
         attrs[semconv.ITL_P50_MS] = percentile(ordered, 0.50) / MS
         attrs[semconv.ITL_P95_MS] = percentile(ordered, 0.95) / MS
-        attrs[semconv.ITL_MAX_MS] = ordered[-1] / MS
+        attrs[semconv.ITL_MAX_MS] = max(ordered[-1], request.gap_max) / MS
         attrs[semconv.TPOT_MS] = (request.chunk_last - request.chunk_first) / (request.chunks - 1) / MS
     return attrs
 

@@ -14,6 +14,7 @@ instead of making a second server span.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -34,6 +35,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+_randrange = random.randrange
 _UNSAMPLED = Ledger("unsampled", "request", None, None, 0)  # marks "inside a dropped request"
 
 
@@ -174,13 +176,24 @@ def _begin(runtime: _runtime.Runtime, scope: Scope) -> Request | SpanContext | N
         return None
 
 
+MAX_GAPS = 4096  # inter-chunk gaps kept per request; beyond, a uniform reservoir sample
+
+
 def _chunk(request: Request) -> None:
     now = _clock.wall_ns()
     if request.chunks:
+        gap = now - request.chunk_last
         gaps = request.gaps
         if gaps is None:
             gaps = request.gaps = []
-        gaps.append(now - request.chunk_last)
+        if len(gaps) < MAX_GAPS:
+            gaps.append(gap)
+        else:  # very long streams: memory stays bounded, percentiles stay unbiased
+            slot = _randrange(request.chunks)  # request.chunks - 1 gaps seen before this one
+            if slot < MAX_GAPS:
+                gaps[slot] = gap
+        if gap > request.gap_max:
+            request.gap_max = gap
     else:
         request.chunk_first = now
     request.chunk_last = now

@@ -169,3 +169,26 @@ def test_estimator_ring_wraps() -> None:
         _loop.record_slice(state, i * MS, i * MS + MS // 2)
     resumed = (_loop.RING * 3) * MS
     assert 0 <= _loop.estimate_loop_wait(state, 0, resumed, None) <= resumed // 2
+
+
+def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:
+    from tracekit import middleware
+
+    from .asgi import call, http_scope
+
+    n = middleware.MAX_GAPS * 3
+    with FakeClock() as clock, tracekit.record() as rec:
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for i in range(n):
+                clock.advance(50 if i == n - 1 else (1 if i % 2 else 3))  # one long gap, at the end
+                await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        asyncio.run(call(tracekit.TracekitMiddleware(app), http_scope("/long")))
+        (server,) = rec.spans
+    a = server.attributes
+    assert a[sc.CHUNKS] == n
+    assert a[sc.ITL_MAX_MS] == 50  # the exact maximum, even if the sample missed it
+    assert a[sc.ITL_P50_MS] in (1, 3) and a[sc.ITL_P95_MS] == 3
