@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +55,6 @@ class Runtime:
         self.always_on = sampler is None or _is_default_sampler(sampler)
         self.block_threshold_ms = block_threshold_ms
         self.owns_processor = owns_processor
-        self.recorders: list[Callable[[list[Any]], None]] = []
         self.dropped = 0
         self._queue: deque[Request] = deque()
         self._lock = threading.Lock()
@@ -63,16 +63,17 @@ class Runtime:
         self._stopped = False
         self._scope: Any = None
         self.watchdog: Any = None
+        _live.add(self)
 
     @property
     def enabled(self) -> bool:
         """Whether anything receives spans."""
-        return self.processor is not None or bool(self.recorders)
+        return self.processor is not None or bool(recorders)
 
     # --- sampling ---------------------------------------------------------------------------
     def sample(self, trace_id: int, parent: SpanContext | None, name: str) -> bool:
         """The sampling decision for a new request or standalone stage tree."""
-        if self.recorders:
+        if recorders:
             return True  # tests and the demo record everything
         if self.always_on:
             return parent is None or parent.trace_flags.sampled
@@ -161,7 +162,7 @@ class Runtime:
                     processor.on_end(span)
                 except Exception:
                     internal_error("span processor")
-        for recorder in list(self.recorders):
+        for recorder in list(recorders):
             try:
                 recorder(spans)
             except Exception:
@@ -179,6 +180,16 @@ def _is_default_sampler(sampler: Any) -> bool:
 
 # --- the process-wide runtime ---------------------------------------------------------------
 current: Runtime | None = None
+# Open tracekit.record() captures. Process-wide, not per runtime, so that a middleware given
+# its own tracer_provider is recorded too.
+recorders: list[Callable[[list[Any]], None]] = []
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime, for flush_all()
+
+
+def flush_all() -> None:
+    """Build and deliver everything queued in every runtime (what a recording reads)."""
+    for runtime in list(_live):
+        runtime.flush()
 
 
 def install(runtime: Runtime | None) -> Runtime | None:

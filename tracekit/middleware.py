@@ -64,7 +64,11 @@ class TracekitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        runtime = self._runtime or _runtime.current or self._resolve_runtime()
+        runtime = self._runtime  # set only when given its own tracer_provider
+        if runtime is None:
+            runtime = _runtime.current if self._provider is None else None
+            if runtime is None:
+                runtime = self._resolve_runtime()
         if runtime is None or not runtime.enabled:
             await self.app(scope, receive, send)
             return

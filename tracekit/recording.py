@@ -12,8 +12,9 @@ from tracekit import _runtime
 class Recording:
     """Spans recorded while the ``with tracekit.record() as rec:`` block is open.
 
-    While any recording is open every request is recorded (sampling is bypassed). If nothing
-    is configured, spans go only here; if tracing is configured, they go there as well.
+    While any recording is open every request is recorded (sampling is bypassed), by every
+    middleware, including one given its own ``tracer_provider``. If nothing is configured,
+    spans go only here; if tracing is configured, they go there as well.
     """
 
     def __init__(self) -> None:
@@ -35,7 +36,7 @@ class Recording:
             runtime.watchdog = Watchdog(threshold)
             _runtime.install(runtime)
             self._created = True
-        runtime.recorders.append(self._collect)
+        _runtime.recorders.append(self._collect)
         self._runtime = runtime
         return self
 
@@ -44,8 +45,8 @@ class Recording:
         runtime = self._runtime
         if runtime is None:
             return
-        runtime.flush()
-        runtime.recorders.remove(self._collect)
+        _runtime.flush_all()
+        _runtime.recorders.remove(self._collect)
         if self._created and _runtime.current is runtime:
             _runtime.install(None)
             runtime.shutdown()
@@ -59,14 +60,14 @@ class Recording:
     def spans(self) -> list[Any]:
         """Every span recorded so far (SDK ``ReadableSpan`` objects), oldest first."""
         if self._runtime is not None:
-            self._runtime.flush()
+            _runtime.flush_all()
         with self._lock:
             return list(self._spans)
 
     def clear(self) -> None:
         """Forget the spans recorded so far."""
         if self._runtime is not None:
-            self._runtime.flush()
+            _runtime.flush_all()
         with self._lock:
             self._spans.clear()
 

@@ -317,3 +317,13 @@ def test_enriches_an_existing_server_span(otel_globals: None) -> None:
     assert len(stages) == 2
     assert all(s.parent.span_id == server.context.span_id for s in stages)
     assert all(s.context.trace_id == server.context.trace_id for s in stages)
+
+
+def test_record_sees_a_middleware_with_its_own_provider(otel_globals: None) -> None:
+    provider, exporter = _memory_provider()
+    app = tracekit.TracekitMiddleware(gateway(), tracer_provider=provider)
+    with tracekit.record() as rec:
+        run_requests(app, n=1)
+        names = sorted(s.name for s in rec.spans)
+    assert names == ["POST /v1/chat/{session}", "model", "tokenize"]
+    assert sorted(s.name for s in exporter.get_finished_spans()) == names  # and its provider got them
