@@ -97,9 +97,10 @@ class Ledger:
 def step_begin(led: Ledger, state: _loop.ThreadState, now: int) -> None:
     """Open a step of ``led`` on the thread whose state is ``state``, at wall time ``now``.
 
-    Only an outermost step reads the CPU clock here (a system call). A nested step starts
-    within a step whose CPU is being read anyway: its start CPU is inferred at its end from
-    the thread's last reading (see :func:`step_end`), saving one system call per stage step.
+    Every step reads the thread's CPU clock at its start and end (a system call each). A
+    cheaper inference of a nested step's start from the enclosing step's reading was tried and
+    dropped: on a host short of CPU the enclosing code's wall time is not CPU time, and the
+    nested stage was then under-counted (tests/core/test_stage.py, exclusive-CPU test).
     """
     prev = led.prev_top = state.top
     state.top = led
@@ -108,31 +109,14 @@ def step_begin(led: Ledger, state: _loop.ThreadState, now: int) -> None:
     if prev is None:
         state.slice_start = now
         state.seq += 1
-        led.step_c0 = state.cpu_mark = _clock.cpu_ns()
-        state.wall_mark = now
-    else:
-        led.step_c0 = -1
+    led.step_c0 = _clock.cpu_ns()
 
 
 def step_end(led: Ledger, state: _loop.ThreadState, on_loop: bool) -> int:
-    """Close the open step of ``led``; returns the wall time it ended.
-
-    A nested step's CPU is the thread's CPU since the last reading minus the wall time
-    between that reading and the step's start (the enclosing code ran on-CPU meanwhile; if it
-    was blocked instead, this step's CPU is underestimated by that much, and the enclosing
-    step gets it).
-    """
-    cpu_now = _clock.cpu_ns()
+    """Close the open step of ``led``; returns the wall time it ended."""
+    cpu = _clock.cpu_ns() - led.step_c0
     end = _clock.wall_ns()
     start = led.step_t0
-    if led.step_c0 >= 0:
-        cpu = cpu_now - led.step_c0
-    else:
-        cpu = (cpu_now - state.cpu_mark) - (start - state.wall_mark)
-        if cpu < 0:
-            cpu = 0
-    state.cpu_mark = cpu_now
-    state.wall_mark = end
     prev = led.prev_top
     state.top = prev
     led.prev_top = None

@@ -41,8 +41,8 @@ _SLEEP_CODE = asyncio.sleep.__code__
 class ThreadState:
     """What one thread is running now, and its recent outermost slices (loop threads)."""
 
-    __slots__ = ("__weakref__", "cpu_mark", "ident", "name", "ring_end", "ring_i", "ring_start",
-                 "seq", "slice_start", "top", "wall_mark", "watched")  # fmt: skip
+    __slots__ = ("__weakref__", "ident", "name", "ring_end", "ring_i", "ring_start", "seq",
+                 "slice_start", "top", "watched")  # fmt: skip
 
     def __init__(self) -> None:
         thread = threading.current_thread()
@@ -55,8 +55,6 @@ class ThreadState:
         self.ring_end = [0] * RING
         self.ring_i = 0
         self.watched: object = None  # the watchdog sampling this thread (see _watchdog.py)
-        self.cpu_mark = 0  # the thread's last CPU-clock reading, and the wall time it was taken
-        self.wall_mark = 0
 
 
 _local = threading.local()
