@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -12,34 +11,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import HOTROD, REAL, ROOT, gen_traces, needs_real
 from tracekit import semconv
 from tracekit.cli import main
-
-ROOT = Path(__file__).parents[1]
-_env = os.environ.get("TRACEKIT_SHARED_DATA")
-REAL = (Path(_env) if _env else ROOT.parent / "shared" / "data") / "real-traces"
-HOTROD = REAL / "otlp-hotrod-n-plus-one-serial.json"
-needs_real = pytest.mark.skipif(not HOTROD.is_file(), reason="shared real traces not present")
-
-
-def gen_traces() -> ModuleType:
-    """bench/gen_traces.py, the simulated gateway (also the benchmark's input)."""
-    name = "tracekit_bench_gen_traces"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "gen_traces.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
 
 GEN = gen_traces()
 

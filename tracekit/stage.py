@@ -47,6 +47,7 @@ from tracekit._context import current_ledger
 from tracekit._failsafe import internal_error
 from tracekit._request import new_span_id
 from tracekit._steps import Stepped
+from tracekit.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,7 +62,8 @@ def kind_for(name: str, kind: str | None) -> str:
     if kind is None:
         return name if name in _KINDS else semconv.KIND_OTHER
     if kind not in _KINDS:
-        raise ValueError(f"unknown stage kind {kind!r}; expected one of {', '.join(semconv.STAGE_KINDS)}")
+        expected = ", ".join(semconv.STAGE_KINDS)
+        raise ConfigurationError(f"unknown stage kind {kind!r}; expected one of {expected}")
     return kind
 
 
@@ -146,7 +148,7 @@ class Stage:
 
     def __init__(self, name: str, kind: str | None = None) -> None:
         if not isinstance(name, str) or not name:
-            raise ValueError("stage name must be a non-empty string")
+            raise ConfigurationError("stage name must be a non-empty string")
         self.name = name
         self.kind = kind_for(name, kind)
         # Open blocks of this stage, per task/thread context (safe to share one Stage object).
@@ -447,10 +449,10 @@ def stage(name: Any = None, *, kind: str | None = None) -> Any:
         A :class:`Stage` (decorator and context manager), or the wrapped function when used bare.
 
     Raises:
-        ValueError: empty name or unknown kind.
+        ConfigurationError: empty name or unknown kind (a ValueError).
     """
     if callable(name):
         return Stage(name.__name__, kind)(name)
     if name is None:
-        raise ValueError("stage() needs a name, or use it bare as @stage")
+        raise ConfigurationError("stage() needs a name, or use it bare as @stage")
     return Stage(name, kind)

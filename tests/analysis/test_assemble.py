@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import REAL, needs_real
 from tracekit import semconv
 from tracekit.analysis.assemble import assemble, compact, decode_pairs, route_of
 from tracekit.analysis.model import RequestRecord, Span
@@ -19,16 +18,6 @@ from tracekit.errors import ConfigurationError
 
 T0 = 1_767_225_600 * 10**9
 MS = 1_000_000
-
-
-def shared_data() -> Path:
-    """The shared real-trace folder (env TRACEKIT_SHARED_DATA overrides)."""
-    env = os.environ.get("TRACEKIT_SHARED_DATA")
-    return Path(env) if env else Path(__file__).parents[2].parent / "shared" / "data"
-
-
-REAL = shared_data() / "real-traces"
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="shared real traces not present")
 
 
 def span(

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests.analysis.factories import request, stage
+from tests.helpers import REAL, gen_traces, needs_real
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.api import analyze, analyze_spans
 from tracekit.analysis.report import SCHEMA, TIMELINE_REQUESTS, Report, build_report, waterfall
 from tracekit.errors import ConfigurationError
-
-ROOT = Path(__file__).parents[2]
-_env = os.environ.get("TRACEKIT_SHARED_DATA")
-REAL = (Path(_env) if _env else ROOT.parent / "shared" / "data") / "real-traces"
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="shared real traces not present")
 
 TOP_KEYS = {
     "schema", "source", "requests", "spans", "services", "instrumented", "slo", "validation",
@@ -38,19 +30,6 @@ STAGE_KEYS = {
 WATERFALL_KEYS = {
     "name", "kind", "depth", "start_ms", "wall_ms", "cpu_ms", "wait_ms", "loop_wait_ms", "on_loop",
 }  # fmt: skip
-
-
-def gen_traces() -> ModuleType:
-    """bench/gen_traces.py, the simulated gateway (also the benchmark's input)."""
-    name = "tracekit_bench_gen_traces"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "gen_traces.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ stage and a validated projection; healthy traces give no findings; real HotROD t
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
+from tests.helpers import HOTROD
 from tracekit import semconv
 from tracekit.analysis._intervals import percentile
 from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP, measure_serializer
@@ -25,8 +25,6 @@ from tracekit.errors import ConfigurationError
 CHAT = "POST /v1/chat/completions"
 EMBED = "POST /v1/embeddings"
 KINDS = {"model": "model", "guardrail": "guardrail"}
-REAL = Path("/work/shared/data/real-traces")
-HOTROD = REAL / "otlp-hotrod-n-plus-one-serial.json"
 
 
 def _ctx(**kw: object) -> RuleContext:

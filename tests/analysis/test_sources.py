@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.helpers import REAL, needs_real
 from tracekit import semconv
 from tracekit.analysis import _jaeger_api, _source_common
 from tracekit.analysis.model import SPAN_KINDS, Event, Span
@@ -32,18 +33,6 @@ from tracekit.errors import (
     SourceNotFoundError,
     TraceFormatError,
     TracekitError,
-)
-
-
-def shared_data() -> Path:
-    """The shared data folder: $TRACEKIT_SHARED_DATA, else ../shared/data beside the clone."""
-    env = os.environ.get("TRACEKIT_SHARED_DATA")
-    return Path(env) if env else Path(__file__).parents[2].parent / "shared" / "data"
-
-
-REAL = shared_data() / "real-traces"
-needs_real = pytest.mark.skipif(
-    not REAL.is_dir(), reason=f"real trace files not found at {REAL} (set TRACEKIT_SHARED_DATA)"
 )
 
 # From real-traces/README.md ("What each file contains"); test_readme_table_matches checks

@@ -92,24 +92,21 @@ def _normalise(raw: object, width: int) -> str:
 
 def trace_id(raw: object) -> str:
     """Normalise a trace id to 32 lowercase hex digits; raise BadSpan if it is not one."""
-    hit = TRACE_IDS.get(raw)
-    if hit is None:
-        hit = _normalise(raw, 32)
-        if len(TRACE_IDS) >= _CACHE_MAX:
-            TRACE_IDS.clear()
-        TRACE_IDS[raw] = hit
-    return hit
+    return TRACE_IDS.get(raw) or _remember(TRACE_IDS, raw, 32)
 
 
 def span_id(raw: object) -> str:
     """Normalise a span id to 16 lowercase hex digits; raise BadSpan if it is not one."""
-    hit = SPAN_IDS.get(raw)
-    if hit is None:
-        hit = _normalise(raw, 16)
-        if len(SPAN_IDS) >= _CACHE_MAX:
-            SPAN_IDS.clear()
-        SPAN_IDS[raw] = hit
-    return hit
+    return SPAN_IDS.get(raw) or _remember(SPAN_IDS, raw, 16)
+
+
+def _remember(cache: dict[object, str], raw: object, width: int) -> str:
+    # A bounded cache: ids repeat (parents, Jaeger references), and a hit skips the hex work.
+    norm = _normalise(raw, width)
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[raw] = norm
+    return norm
 
 
 def parent_id(raw: object) -> str | None:

@@ -10,7 +10,7 @@ stage; rules report it per request and per second of trace.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tracekit.analysis._intervals import StageTree, function_of, percentile
@@ -95,6 +95,21 @@ def loop_usage(req: RequestRecord, tree: StageTree | None = None) -> dict[str | 
         pieces = tree.own_slices(None, req)
         _add(out.setdefault(OWN, Usage()), own_cpu, pieces, None, req.blocked_at)
     return out
+
+
+def usages_by_route(
+    requests: Sequence[RequestRecord], ctx: RuleContext, min_requests: int
+) -> Iterator[tuple[str, list[RequestRecord], dict[str | None, list[Usage]]]]:
+    """Per route with at least ``min_requests`` requests: the requests, and each stage's
+    (``None``: the request's own code) :class:`Usage` of the loop, one per request."""
+    for route, reqs in by_route(requests, ctx).items():
+        if len(reqs) < min_requests:
+            continue
+        usages: dict[str | None, list[Usage]] = {}
+        for req in reqs:
+            for name, usage in loop_usage(req, StageTree(req)).items():
+                usages.setdefault(name, []).append(usage)
+        yield route, reqs, usages
 
 
 def _add(

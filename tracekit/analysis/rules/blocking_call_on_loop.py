@@ -16,20 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracekit.analysis._intervals import StageTree, percentile
+from tracekit.analysis._intervals import percentile
 from tracekit.analysis.findings import Finding, Fix, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
     Usage,
-    by_route,
     finding,
     function_or,
-    loop_usage,
     ms,
     name_of,
     p50_latency,
+    usages_by_route,
     victim_note,
 )
 
@@ -57,13 +56,7 @@ class BlockingCallOnLoop:
         """Findings for every (route, stage) that blocks the loop off-CPU."""
         index = LoopIndex.of(requests, ctx)
         out: list[Finding] = []
-        for route, reqs in by_route(requests, ctx).items():
-            if len(reqs) < self.min_requests:
-                continue
-            usages: dict[str | None, list[Usage]] = {}
-            for req in reqs:
-                for name, usage in loop_usage(req, StageTree(req)).items():
-                    usages.setdefault(name, []).append(usage)
+        for route, reqs, usages in usages_by_route(requests, ctx, self.min_requests):
             p50 = p50_latency(reqs)
             for name, uses in usages.items():
                 found = self._check(route, name, uses, p50, reqs[0].service, index, requests, ctx)

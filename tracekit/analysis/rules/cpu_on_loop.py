@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tracekit import semconv
-from tracekit.analysis._intervals import StageTree, percentile
+from tracekit.analysis._intervals import percentile
 from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP
 from tracekit.analysis.findings import Finding, Fix, RuleContext
 from tracekit.analysis.model import RequestRecord
@@ -24,13 +24,12 @@ from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
     Usage,
-    by_route,
     finding,
     function_or,
-    loop_usage,
     ms,
     name_of,
     p50_latency,
+    usages_by_route,
     victim_note,
 )
 
@@ -81,13 +80,7 @@ class CpuOnLoop:
         """Findings for every (route, stage) with CPU-bound work on the loop."""
         index = LoopIndex.of(requests, ctx)
         out: list[Finding] = []
-        for route, reqs in by_route(requests, ctx).items():
-            if len(reqs) < self.min_requests:
-                continue
-            usages: dict[str | None, list[Usage]] = {}
-            for req in reqs:
-                for name, usage in loop_usage(req, StageTree(req)).items():
-                    usages.setdefault(name, []).append(usage)
+        for route, reqs, usages in usages_by_route(requests, ctx, self.min_requests):
             p50 = p50_latency(reqs)
             service = reqs[0].service
             for name, uses in usages.items():

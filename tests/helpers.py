@@ -1,0 +1,39 @@
+"""Helpers several test modules share: where the real trace files are, the trace generator."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+def shared_data() -> Path:
+    """The shared data folder: $TRACEKIT_SHARED_DATA, else ../shared/data beside the clone."""
+    env = os.environ.get("TRACEKIT_SHARED_DATA")
+    return Path(env) if env else ROOT.parent / "shared" / "data"
+
+
+REAL = shared_data() / "real-traces"
+HOTROD = REAL / "otlp-hotrod-n-plus-one-serial.json"
+needs_real = pytest.mark.skipif(
+    not REAL.is_dir(), reason=f"real trace files not found at {REAL} (set TRACEKIT_SHARED_DATA)"
+)
+
+
+def gen_traces() -> ModuleType:
+    """bench/gen_traces.py, the simulated gateway (also the benchmark's input)."""
+    name = "tracekit_bench_gen_traces"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "gen_traces.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
