@@ -9,6 +9,7 @@ stage; rules report it per request and per second of trace.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,32 @@ def usages_by_route(
             for name, usage in loop_usage(req, StageTree(req)).items():
                 usages.setdefault(name, []).append(usage)
         yield route, reqs, usages
+
+
+class LoopUsageRule(ABC):
+    """Base of the rules that judge each (route, stage)'s use of the loop: subclasses set
+    ``min_requests`` and implement ``_check`` for one stage's usages on one route."""
+
+    min_requests: int
+
+    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
+        """Findings for every (route, stage) that ``_check`` flags."""
+        index = LoopIndex.of(requests, ctx)
+        out: list[Finding] = []
+        for route, reqs, usages in usages_by_route(requests, ctx, self.min_requests):
+            p50 = p50_latency(reqs)
+            service = reqs[0].service
+            for name, uses in usages.items():
+                found = self._check(route, name, uses, p50, service, index, requests, ctx)
+                if found is not None:
+                    out.append(found)
+        return out
+
+    @abstractmethod
+    def _check(self, route: str, name: str | None, uses: list[Usage], p50: float, service: str,
+               index: LoopIndex, requests: Sequence[RequestRecord],
+               ctx: RuleContext) -> Finding | None:  # fmt: skip
+        """The finding for one stage (``name``; None: the request's own code) on ``route``."""
 
 
 def _add(

@@ -22,18 +22,17 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
+    LoopUsageRule,
     Usage,
     finding,
     function_or,
     ms,
     name_of,
-    p50_latency,
-    usages_by_route,
     victim_note,
 )
 
 
-class BlockingCallOnLoop:
+class BlockingCallOnLoop(LoopUsageRule):
     """Rule ``blocking-call-on-loop``.
 
     Args:
@@ -51,18 +50,6 @@ class BlockingCallOnLoop:
         self.min_block_ms = min_block_ms
         self.off_cpu_share = off_cpu_share
         self.min_requests = min_requests
-
-    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
-        """Findings for every (route, stage) that blocks the loop off-CPU."""
-        index = LoopIndex.of(requests, ctx)
-        out: list[Finding] = []
-        for route, reqs, usages in usages_by_route(requests, ctx, self.min_requests):
-            p50 = p50_latency(reqs)
-            for name, uses in usages.items():
-                found = self._check(route, name, uses, p50, reqs[0].service, index, requests, ctx)
-                if found is not None:
-                    out.append(found)
-        return out
 
     def _check(
         self,

@@ -23,13 +23,12 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
+    LoopUsageRule,
     Usage,
     finding,
     function_or,
     ms,
     name_of,
-    p50_latency,
-    usages_by_route,
     victim_note,
 )
 
@@ -54,7 +53,7 @@ def fix_for_cpu(
     return _fixes.process_pool(stage, function, route), Fix("process", route, stage)
 
 
-class CpuOnLoop:
+class CpuOnLoop(LoopUsageRule):
     """Rule ``cpu-on-loop``.
 
     Args:
@@ -75,19 +74,6 @@ class CpuOnLoop:
         self.min_cpu_ms = min_cpu_ms
         self.min_slice_ms = min_slice_ms
         self.min_requests = min_requests
-
-    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
-        """Findings for every (route, stage) with CPU-bound work on the loop."""
-        index = LoopIndex.of(requests, ctx)
-        out: list[Finding] = []
-        for route, reqs, usages in usages_by_route(requests, ctx, self.min_requests):
-            p50 = p50_latency(reqs)
-            service = reqs[0].service
-            for name, uses in usages.items():
-                found = self._check(route, name, uses, p50, service, index, requests, ctx)
-                if found is not None:
-                    out.append(found)
-        return out
 
     def _check(
         self,
