@@ -38,7 +38,6 @@ Times are float milliseconds from the start of the replay.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 from collections import deque
@@ -54,6 +53,7 @@ PAR = 4
 Node = tuple[Any, ...]
 _EPS = 1e-9
 _IO_MS = 0.001  # a DELAY this long or longer is a wait for I/O or a timer, not a yield
+_INF = math.inf
 
 
 class _Cursor:
@@ -87,13 +87,17 @@ class _Resource:
 
 
 class _Burst:
-    __slots__ = ("done", "gil", "rate", "remaining")
+    """CPU work in progress: a loop slice's (``block`` is its blocking part that follows) or
+    a pool worker's (``block`` is ``None``); ``cursor`` continues when it is done."""
 
-    def __init__(self, work: float, gil: bool, done: Callable[[], None]) -> None:
+    __slots__ = ("block", "cursor", "gil", "rate", "remaining")
+
+    def __init__(self, work: float, gil: bool, cursor: _Cursor, block: float | None) -> None:
         self.remaining = work
         self.gil = gil
         self.rate = 0.0
-        self.done = done
+        self.cursor = cursor
+        self.block = block
 
 
 class Simulation:
@@ -104,6 +108,10 @@ class Simulation:
         capacities: slots per :data:`HOLD` resource key; ``None`` means unlimited. A key not
             listed is unlimited.
         pools: the keys that are worker pools (threads, processes).
+
+    Cost: O(log events) per event (a heap), plus O(running CPU bursts) per event for the
+    processor sharing; bursts are few (the loop's slice and the pools' busy workers). Events
+    are the program nodes: about 2 per loop step and 1 per delay.
     """
 
     def __init__(
@@ -123,6 +131,7 @@ class Simulation:
         self._bursts: list[_Burst] = []
         self._cpu_t = 0.0
         self._rates_stale = False
+        self._programs: Sequence[Sequence[Node]] = ()
         self._ends: list[float] = []
         self._first: list[float] = []
         self._on_end: Callable[[int, float], None] | None = None
@@ -145,8 +154,8 @@ class Simulation:
             The end time (ms) of every request (``nan`` if it never started).
         """
         self._programs = programs
-        self._ends = [float("nan")] * len(programs)
-        self._first = [float("nan")] * len(programs)
+        self._ends = [math.nan] * len(programs)
+        self._first = [math.nan] * len(programs)
         self._on_end = on_end
         for index, arrival in enumerate(arrivals):
             if arrival is not None:
@@ -170,50 +179,55 @@ class Simulation:
         heapq.heappush(self._heap, (time, self._seq, fn, arg))
 
     def _main(self) -> None:
+        # The hot loop: one pass per event. Next CPU completion: the earliest
+        # ``remaining / rate`` among running bursts (rates recomputed after any change).
         heap = self._heap
+        heappop = heapq.heappop
         while True:
-            next_event = heap[0][0] if heap else float("inf")
-            next_cpu = self._next_cpu_end()
-            if next_event == float("inf") and next_cpu == float("inf"):
-                return
+            bursts = self._bursts
+            next_cpu = _INF
+            if bursts:
+                if self._rates_stale:
+                    self._share()
+                best = _INF
+                for burst in bursts:
+                    rate = burst.rate
+                    if rate > 0:
+                        t = burst.remaining / rate
+                        if t < best:
+                            best = t
+                next_cpu = self._cpu_t + (best if best > 0.0 else 0.0)
+            next_event = heap[0][0] if heap else _INF
             if next_cpu <= next_event:
+                if next_cpu == _INF:
+                    return
                 self._advance(next_cpu)
                 self._finish_bursts()
             else:
                 self._advance(next_event)
-                _, _, fn, arg = heapq.heappop(heap)
+                _, _, fn, arg = heappop(heap)
                 fn(arg)
 
     def _advance(self, time: float) -> None:
         dt = time - self._cpu_t
-        if dt > 0 and self._bursts:
+        if dt > 0:
             for burst in self._bursts:
                 burst.remaining -= burst.rate * dt
         self._cpu_t = time
         self.now = time
 
     # --- CPU sharing ------------------------------------------------------------------
-    def _add_burst(self, work: float, gil: bool, done: Callable[[], None]) -> None:
-        self._bursts.append(_Burst(work, gil, done))
+    def _add_burst(self, work: float, gil: bool, cursor: _Cursor, block: float | None) -> None:
+        self._bursts.append(_Burst(work, gil, cursor, block))
         self._rates_stale = True
-
-    def _next_cpu_end(self) -> float:
-        if not self._bursts:
-            return float("inf")
-        if self._rates_stale:
-            self._share()
-        best = float("inf")
-        for burst in self._bursts:
-            if burst.rate > 0:
-                t = burst.remaining / burst.rate
-                if t < best:
-                    best = t
-        return self._cpu_t + max(best, 0.0)
 
     def _share(self) -> None:
         self._rates_stale = False
         bursts = self._bursts
-        n_gil = sum(1 for b in bursts if b.gil)
+        n_gil = 0
+        for burst in bursts:
+            if burst.gil:
+                n_gil += 1
         n_free = len(bursts) - n_gil
         each = min(1.0, self.cores / len(bursts))
         if n_gil * each <= 1.0:
@@ -225,13 +239,21 @@ class Simulation:
             burst.rate = gil_rate if burst.gil else free_rate
 
     def _finish_bursts(self) -> None:
-        done = [b for b in self._bursts if b.remaining <= _EPS]
+        keep: list[_Burst] = []
+        done: list[_Burst] = []
+        for burst in self._bursts:
+            (done if burst.remaining <= _EPS else keep).append(burst)
         if not done:  # float rounding: finish the one closest to its end
-            done = [min(self._bursts, key=lambda b: b.remaining)]
-        self._bursts = [b for b in self._bursts if b not in done]
+            closest = min(self._bursts, key=lambda b: b.remaining)
+            done = [closest]
+            keep = [b for b in self._bursts if b is not closest]
+        self._bursts = keep
         self._rates_stale = True
         for burst in done:
-            burst.done()
+            if burst.block is None:
+                self._step(burst.cursor)  # a pool worker's CPU: its program goes on
+            else:
+                self._loop_cpu_done(burst.cursor, burst.block)
 
     # --- the event loop ---------------------------------------------------------------
     def _enqueue(self, cursor: _Cursor, gil: float, block: float) -> None:
@@ -247,8 +269,9 @@ class Simulation:
 
     def _iterate(self) -> None:
         # A new iteration: timers and I/O that became ready join after the call_soon ones.
-        self._ready.extend(self._io_ready)
-        self._io_ready.clear()
+        if self._io_ready:
+            self._ready.extend(self._io_ready)
+            self._io_ready.clear()
         self._batch = len(self._ready)
         self._loop_next()
 
@@ -262,10 +285,11 @@ class Simulation:
         self._batch -= 1
         self._loop_busy = True
         cursor, gil, block = self._ready.popleft()
-        if math.isnan(self._first[cursor.req]):  # its first step
-            self._first[cursor.req] = self.now
+        first = self._first
+        if first[cursor.req] != first[cursor.req]:  # nan: its first step
+            first[cursor.req] = self.now
         if gil > 0:
-            self._add_burst(gil, True, lambda: self._loop_cpu_done(cursor, block))
+            self._add_burst(gil, True, cursor, block)
         else:
             self._loop_cpu_done(cursor, block)
 
@@ -309,15 +333,15 @@ class Simulation:
             node = items[cursor.i]
             cursor.i += 1
             tag = node[0]
+            if tag == LOOP:
+                self._enqueue(cursor, node[1], node[2])
+                return
             if tag == DELAY:
                 wake = self._wake if node[1] >= _IO_MS else self._step
                 self._at(self.now + node[1], wake, cursor)
                 return
-            if tag == LOOP:
-                self._enqueue(cursor, node[1], node[2])
-                return
             if tag == CPU:
-                self._add_burst(node[1], node[2], functools.partial(self._step, cursor))
+                self._add_burst(node[1], node[2], cursor, None)
                 return
             if tag == HOLD:
                 res = self._resource(node[1])
