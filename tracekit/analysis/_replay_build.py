@@ -18,48 +18,98 @@ their length. Stages that ran on a worker thread (``on_loop`` false) replay as a
 slot held for their recorded duration: their effect on the loop (GIL contention) is already
 in the loop slices recorded beside them. Spans without tracekit attributes are containers
 whose own time is a delay.
+
+Reuse across replays (:class:`ProgramMemo`): a node's *plan* (its gaps' nodes, its clusters'
+recorded arguments) does not depend on the fix, and neither does the finished program of a
+node whose subtree the fix does not touch. A fix's replay rebuilds only the nodes on the path
+to what it changes (a stage it targets, the parent whose children it restructures, a model
+call it holds) and reuses the rest: the programs come out exactly as when built afresh.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from dataclasses import dataclass
 from typing import Any
 
-from tracekit import semconv
 from tracekit.analysis._intervals import Interval, StageTree, merge, overlap, subtract
-from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Node
+from tracekit.analysis._replay_fixes import (
+    PROCESSES,
+    THREADS,
+    ModelCall,
+    loop_node,
+    restructure,
+    targets,
+    trim_before_outside_queues,
+)
+from tracekit.analysis._replay_nodes import (
+    MS,
+    TINY_MS,
+    absorb,
+    clusters,
+    consumer_ms,
+    free_ms,
+    gaps,
+    has_components,
+    hold_largest_delay,
+    is_model_stage,
+    merge_loops,
+    resumptions,
+    shrink_largest_delay,
+)
+from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, PAR, Node
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord, StageRecord
 
-THREADS = "threads"
-PROCESSES = "processes"
-_MS = 1e6
-_TINY_MS = 0.001  # pieces and delays shorter than a microsecond are noise
-_FOLLOW_NS = 50_000  # a recorded slice starting this soon after a loop wait is its resumption
+__all__ = [
+    "PROCESSES",
+    "THREADS",
+    "ModelCall",
+    "ProgramBuilder",
+    "ProgramMemo",
+    "has_components",
+    "is_model_stage",
+]
+
+_ROOT = 0  # the memo key of the request's own node (stages are keyed by id(), never 0)
 
 
-@dataclass(frozen=True)
-class ModelCall:
-    """A recorded model call's queueing, for replays with a one-at-a-time model server.
+class _Block:
+    """A piece of a node's timeline: a gap's nodes, or a cluster of child stages, built on
+    first use from ``args`` (the arguments of ``ProgramBuilder._cluster``)."""
 
-    Attributes:
-        key: the HOLD resource standing for the server (or the lock).
-        queue_out_ms: waiting before the stage started (a lock / blocking client).
-        queue_in_ms: waiting inside the stage (the server's own queue).
-        wrap_stage: hold the resource for the whole stage (a lock around the call) rather
-            than for the model's answer only.
+    __slots__ = ("args", "items", "members", "tag")
+
+    def __init__(self, tag: StageRecord | None, items: list[Node] | None, args: Any = None):
+        self.tag = tag  # the child stage when the block is exactly one child's program
+        self.items = items
+        self.args = args
+        self.members: list[StageRecord] = args[2] if args is not None else []
+
+
+class _Plan:
+    """A node cut into blocks (``leaf``: a leaf's whole program), and its finished program
+    once built without a fix touching it (``items``)."""
+
+    __slots__ = ("blocks", "consumer", "items", "leaf")
+
+    def __init__(self, blocks: list[_Block], consumer: float, leaf: list[Node] | None = None):
+        self.blocks = blocks
+        self.consumer = consumer
+        self.leaf = leaf
+        self.items: list[Node] | None = None
+
+
+class ProgramMemo:
+    """The parts of one request's program, kept between the replays of a sample.
+
+    Holds the stage tree and, per node, its :class:`_Plan` built without a fix. Cost:
+    memory of the order of the program itself, per request kept.
     """
 
-    key: str
-    queue_out_ms: float
-    queue_in_ms: float
-    wrap_stage: bool
+    __slots__ = ("plans", "tree")
 
-
-def has_components(stage: StageRecord) -> bool:
-    """Whether a stage record carries tracekit's cpu/wait components."""
-    return stage.cpu_ms is not None or stage.wait_ms is not None or bool(stage.loop_slices)
+    def __init__(self) -> None:
+        self.tree: StageTree | None = None
+        self.plans: dict[int, _Plan] = {}
 
 
 class ProgramBuilder:
@@ -70,6 +120,11 @@ class ProgramBuilder:
         t0_ns: the replay's time origin.
         fix: the fix to apply, or ``None`` (as recorded). Applied only to ``fix.route``.
         model_calls: span id -> :class:`ModelCall`, for the model-server variant.
+        memo: the request's :class:`ProgramMemo`, to reuse what earlier builds of it made
+            (``None``: build everything).
+
+    Cost: O(stages + slices + waits) with sorting, without a memo; with one, a fix costs
+    only the nodes it touches.
     """
 
     def __init__(
@@ -78,12 +133,18 @@ class ProgramBuilder:
         t0_ns: int,
         fix: Fix | None = None,
         model_calls: dict[str, ModelCall] | None = None,
+        memo: ProgramMemo | None = None,
     ) -> None:
         self.req = req
-        self.tree = StageTree(req)
+        if memo is not None and memo.tree is None:
+            memo.tree = StageTree(req)
+        self.tree = memo.tree if memo is not None and memo.tree is not None else StageTree(req)
         self.t0 = t0_ns
         self.fix = fix if fix is not None and fix.route == req.route else None
         self.model_calls = model_calls or {}
+        # Duplicate span ids (hostile input) make parent links ambiguous: no reuse.
+        self._memo = memo if len(self.tree.by_id) == len(req.stages) else None
+        self._touched = self._touched_nodes() if self._memo is not None else set()
 
     def program(self) -> list[Node]:
         """The request's program."""
@@ -98,6 +159,23 @@ class ProgramBuilder:
             items = [(LOOP, 0.0, 0.0), *items]
         return items
 
+    def _touched_nodes(self) -> set[int]:
+        """Keys of the nodes whose program the fix or the model calls change: the stages
+        they name and every ancestor (conservative: a restructuring fix changes the parent)."""
+        fix = self.fix
+        names = {fix.stage, fix.other} if fix is not None else set()
+        marked = [s for s in self.req.stages if s.name in names or s.span_id in self.model_calls]
+        out: set[int] = set()
+        by_id = self.tree.by_id
+        for stage in marked:
+            node: StageRecord | None = stage
+            while node is not None and id(node) not in out:
+                out.add(id(node))
+                node = by_id.get(node.parent_id) if node.parent_id is not None else None
+        if marked or targets(self.fix, None):
+            out.add(_ROOT)
+        return out
+
     # --- nodes ----------------------------------------------------------------------------
     def _node(
         self,
@@ -108,30 +186,59 @@ class ProgramBuilder:
         slices: list[Interval],
         waits: list[Interval],
         max_block_ms: float | None,
-        consumer_ms: float = 0.0,
+        consumer: float = 0.0,
     ) -> list[Node]:
+        targeted = targets(self.fix, stage)
+        args = (stage, start, end, cpu_ms, slices, waits, max_block_ms, consumer)
+        memo = self._memo
+        if memo is None or targeted:
+            return self._assemble(stage, self._plan(*args, targeted))
+        key = _ROOT if stage is None else id(stage)
+        plan = memo.plans.get(key)
+        if plan is None:
+            plan = memo.plans[key] = self._plan(*args, False)
+        clean = key not in self._touched
+        if clean and plan.items is not None:
+            return plan.items
+        items = self._assemble(stage, plan)
+        if clean:
+            plan.items = items
+        return items
+
+    def _plan(
+        self,
+        stage: StageRecord | None,
+        start: int,
+        end: int,
+        cpu_ms: float,
+        slices: list[Interval],
+        waits: list[Interval],
+        max_block_ms: float | None,
+        consumer: float,
+        targeted: bool,
+    ) -> _Plan:
         end = max(end, start)
         kids = [k for k in self.tree.kids(stage) if k.start_ns < end and k.end_ns > start]
         if not kids and not slices and not (max_block_ms and max_block_ms > cpu_ms):
             # A leaf with no recorded slices (the common case): its CPU, then its waits.
-            return _absorb(self._leaf(stage, start, end, cpu_ms, waits), consumer_ms)
-        clusters = _clusters(kids, start, end)
-        spans = [(a, b) for a, b, _ in clusters]
+            leaf = absorb(self._leaf(start, end, cpu_ms, waits, targeted), consumer)
+            return _Plan([], consumer, leaf)
+        runs = clusters(kids, start, end)
+        spans = [(a, b) for a, b, _ in runs]
         slices = [(max(a, start), min(b, end)) for a, b in slices if min(b, end) > max(a, start)]
         if not slices and max_block_ms and max_block_ms > cpu_ms and stage is not None:
             # No recorded slices (another producer): one blocking slice at the start.
-            slices = [(start, min(end, start + int(max_block_ms * _MS)))]
-        slice_ms = sum(b - a for a, b in slices) / _MS
+            slices = [(start, min(end, start + int(max_block_ms * MS)))]
+        slice_ms = sum(b - a for a, b in slices) / MS
         gil_share = min(1.0, cpu_ms / slice_ms) if slice_ms > 0 else 1.0
         leftover = max(0.0, cpu_ms - slice_ms)
-        targeted = self._targets(stage)
-        gaps = _gaps(spans, start, end)
+        gap_list = gaps(spans, start, end)
         waits = merge(waits)
         # Unplaced CPU goes where the node's own code could have run: its gaps' free time
         # (a gap that was all waiting for the loop ran nothing).
-        free = [max(0, (b - a) - overlap(a, b, waits)) for a, b in gaps]
+        free = [max(0, (b - a) - overlap(a, b, waits)) for a, b in gap_list]
         gap_total = sum(free)
-        resumes = _resumptions(clusters, slices, waits)
+        resumes = resumptions(runs, slices, waits)
         if resumes and leftover > 0:
             # Part of the unplaced CPU ran at those resumptions (per-chunk work): one
             # resumption's worth each, counting one per streamed chunk when known.
@@ -140,41 +247,55 @@ class ProgramBuilder:
             per = leftover / (steps + used)
             resumes = [(t, per) for t, _ in resumes]
             leftover -= per * len(resumes)
-        blocks: list[tuple[StageRecord | None, list[Node]]] = []
+        blocks: list[_Block] = []
         if gap_total <= 0 and leftover > 0:
-            blocks.append((None, [self._loop(leftover, 0.0, targeted)]))
+            blocks.append(_Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
         gap_slices = subtract(slices, spans) if spans else slices
         # Gaps and clusters alternate: gap, cluster, gap, ..., cluster, gap.
-        sequence: list[tuple[int, int, list[StageRecord] | None]] = [(*gaps[0], None)]
-        for cluster, gap in zip(clusters, gaps[1:], strict=True):
-            sequence += [cluster, (*gap, None)]
+        sequence: list[tuple[int, int, list[StageRecord] | None]] = [(*gap_list[0], None)]
+        for run, gap in zip(runs, gap_list[1:], strict=True):
+            sequence += [run, (*gap, None)]
         gap_index = 0
         for a, b, members in sequence:
             if members is None:
                 share = leftover * free[gap_index] / gap_total if gap_total > 0 else 0.0
                 gap_index += 1
                 pieces = [p for p in gap_slices if a <= p[0] < b]
-                blocks.append((None, self._gap(a, b, pieces, waits, gil_share, share, targeted)))
+                items = self._gap(a, b, pieces, waits, gil_share, share, targeted)
+                blocks.append(_Block(None, items))
             else:
                 inside = [(max(p[0], a), min(p[1], b)) for p in slices if p[0] < b and p[1] > a]
                 here = [r for r in resumes if a < r[0] < b]
-                blocks.append(
-                    self._cluster(a, b, members, inside, here, waits, gil_share, targeted)
-                )
-        blocks = self._restructure(stage, blocks)
-        self._trim_before_outside_queues(blocks)
-        return _absorb(_merge_loops([node for _, items in blocks for node in items]), consumer_ms)
+                alone = len(members) == 1 and not inside and not here
+                args = (a, b, members, inside, here, waits, gil_share, targeted)
+                blocks.append(_Block(members[0] if alone else None, None, args))
+        return _Plan(blocks, consumer)
 
-    def _leaf(
-        self, stage: StageRecord | None, start: int, end: int, cpu_ms: float, waits: list[Interval]
-    ) -> list[Node]:
+    def _assemble(self, stage: StageRecord | None, plan: _Plan) -> list[Node]:
+        """The node's program from its plan, with the fix's restructuring and model calls."""
+        if plan.leaf is not None:
+            return plan.leaf
+        touched = self._touched
+        blocks: list[tuple[StageRecord | None, list[Node]]] = []
+        for block in plan.blocks:
+            items = block.items
+            if items is None or (touched and any(id(m) in touched for m in block.members)):
+                items = self._cluster(*block.args)
+                if not any(id(m) in touched for m in block.members):
+                    block.items = items
+            blocks.append((block.tag, items))
+        blocks = restructure(self.fix, blocks)
+        blocks = trim_before_outside_queues(self.model_calls, blocks)
+        return absorb(merge_loops([node for _, items in blocks for node in items]), plan.consumer)
+
+    def _leaf(self, start: int, end: int, cpu_ms: float, waits: list[Interval], targeted: bool) -> list[Node]:
         waited = sum(min(b, end) - max(a, start) for a, b in waits if min(b, end) > max(a, start))
-        free = max(0.0, (end - start - waited) / _MS)
+        free = max(0.0, (end - start - waited) / MS)
         cpu_ms = min(cpu_ms, free)  # CPU cannot take longer than the time it had
         delay = free - cpu_ms
         items: list[Node] = []
         if cpu_ms > 0:
-            items.append(self._loop(cpu_ms, 0.0, self._targets(stage)))
+            items.append(loop_node(self.fix, cpu_ms, 0.0, targeted))
         if end > start:
             items.append((DELAY, delay))
         return items
@@ -194,15 +315,15 @@ class ProgramBuilder:
         cursor = a
         for p_start, p_end in sorted(pieces):
             if p_start > cursor:
-                items.append((DELAY, _free(cursor, p_start, waits)))
+                items.append((DELAY, free_ms(cursor, p_start, waits)))
                 delays.append(len(items) - 1)
-            held = (p_end - p_start) / _MS
-            items.append(self._loop(held * gil_share, held * (1 - gil_share), targeted))
+            held = (p_end - p_start) / MS
+            items.append(loop_node(self.fix, held * gil_share, held * (1 - gil_share), targeted))
             cursor = max(cursor, p_end)
         if b > cursor:
-            items.append((DELAY, _free(cursor, b, waits)))
+            items.append((DELAY, free_ms(cursor, b, waits)))
             delays.append(len(items) - 1)
-        if extra_cpu > _TINY_MS:
+        if extra_cpu > TINY_MS:
             # The unrecorded CPU happened in this gap: take its time out of the delays.
             room = sum(items[i][1] for i in delays)
             extra_cpu = min(extra_cpu, room)
@@ -211,7 +332,7 @@ class ProgramBuilder:
                 take = min(left, items[i][1])
                 items[i] = (DELAY, items[i][1] - take)
                 left -= take
-            items.insert(0, self._loop(extra_cpu, 0.0, targeted))
+            items.insert(0, loop_node(self.fix, extra_cpu, 0.0, targeted))
         return items
 
     def _cluster(
@@ -224,13 +345,13 @@ class ProgramBuilder:
         waits: list[Interval],
         gil_share: float,
         targeted: bool,
-    ) -> tuple[StageRecord | None, list[Node]]:
+    ) -> list[Node]:
         if len(members) == 1 and not pieces and not resumes:
-            return members[0], self._child(members[0])
+            return self._child(members[0])
         entries: list[tuple[int, int, Any]] = [(m.start_ns, m.end_ns, m) for m in members]
         entries += [(p[0], p[1], None) for p in pieces]
         # A resumption of the parent's code: CPU (ms) at a point in time, after a loop wait.
-        entries += [(t, t + round(cpu * _MS), cpu) for t, cpu in resumes]
+        entries += [(t, t + round(cpu * MS), cpu) for t, cpu in resumes]
         entries.sort(key=lambda e: (e[0], e[1]))
         chains: list[tuple[int, list[Node]]] = []  # (last end, items)
         for start, end, member in entries:
@@ -243,26 +364,26 @@ class ProgramBuilder:
                 chains.append((a, items))
                 i = len(chains) - 1
             if start > last:
-                items.append((DELAY, _free(last, start, waits)))
+                items.append((DELAY, free_ms(last, start, waits)))
             if member is None:
-                held = (end - start) / _MS
-                items.append(self._loop(held * gil_share, held * (1 - gil_share), targeted))
+                held = (end - start) / MS
+                items.append(loop_node(self.fix, held * gil_share, held * (1 - gil_share), targeted))
             elif isinstance(member, float):
-                items.append(self._loop(member, 0.0, targeted))
+                items.append(loop_node(self.fix, member, 0.0, targeted))
             else:
                 items.extend(self._child(member))
             chains[i] = (max(last, end), items)
-        branches = [_merge_loops(items) for _, items in chains]
+        branches = [merge_loops(items) for _, items in chains]
         if len(branches) == 1:
-            return None, branches[0]
-        return None, [(PAR, branches)]
+            return branches[0]
+        return [(PAR, branches)]
 
     def _child(self, stage: StageRecord) -> list[Node]:
         call = self.model_calls.get(stage.span_id)
         if not has_components(stage):
             items = self._node(stage, stage.start_ns, stage.end_ns, 0.0, [], [], None)
         elif stage.on_loop is False:
-            wall = max(0, stage.end_ns - stage.start_ns) / _MS
+            wall = max(0, stage.end_ns - stage.start_ns) / MS
             items = [(HOLD, THREADS, [(DELAY, wall)])]
         else:
             own = self.tree.own_slices(stage, self.req)
@@ -279,192 +400,5 @@ class ProgramBuilder:
         if call is None:
             return items
         if call.wrap_stage:
-            return [(HOLD, call.key, _shrink_largest_delay(items, call.queue_in_ms))]
-        return _hold_largest_delay(items, call.key, call.queue_in_ms)
-
-    # --- fixes ----------------------------------------------------------------------------
-    def _targets(self, stage: StageRecord | None) -> bool:
-        fix = self.fix
-        if fix is None or fix.action not in ("thread", "process", "shrink"):
-            return False
-        return fix.stage is None if stage is None else stage.name == fix.stage
-
-    def _loop(self, gil: float, block: float, targeted: bool) -> Node:
-        fix = self.fix
-        if not targeted or fix is None:
-            return (LOOP, gil, block)
-        if fix.action == "shrink":
-            return (LOOP, gil * fix.factor, block)
-        inner: list[Node] = []
-        if gil > 0:
-            inner.append((CPU, gil, fix.action == "thread" and not fix.gil_free))
-        if block > 0:
-            inner.append((DELAY, block))
-        return (HOLD, THREADS if fix.action == "thread" else PROCESSES, inner)
-
-    def _restructure(
-        self, parent: StageRecord | None, blocks: list[tuple[StageRecord | None, list[Node]]]
-    ) -> list[tuple[StageRecord | None, list[Node]]]:
-        fix = self.fix
-        if fix is None or fix.action not in ("gather", "fanout"):
-            return blocks
-        names = [tag.name if tag is not None else None for tag, _ in blocks]
-        if fix.action == "gather":
-            if fix.stage not in names:
-                return blocks
-            i = names.index(fix.stage)
-            later = [j for j in range(i + 1, len(blocks)) if names[j] == fix.other]
-            if not later:
-                return blocks
-            j = later[0]
-            rest = [node for _, items in blocks[i + 1 : j + 1] for node in items]
-            par: Node = (PAR, [blocks[i][1], _merge_loops(rest)])
-            return [*blocks[:i], (None, [par]), *blocks[j + 1 :]]
-        calls = [i for i, name in enumerate(names) if name == fix.stage]
-        if len(calls) < 2:
-            return blocks
-        par = (PAR, [blocks[i][1] for i in calls])
-        out = [b for i, b in enumerate(blocks) if i not in calls[1:]]
-        out[calls[0]] = (None, [par])
-        return out
-
-    def _trim_before_outside_queues(
-        self, blocks: list[tuple[StageRecord | None, list[Node]]]
-    ) -> None:
-        # A lock (or blocking client) wait happened before the model stage started, in the
-        # gap before it: the replay's HOLD produces that wait, so the recorded one goes.
-        for index, (tag, _) in enumerate(blocks):
-            call = self.model_calls.get(tag.span_id) if tag is not None else None
-            if call is None or call.queue_out_ms <= 0 or index == 0:
-                continue
-            previous = blocks[index - 1][1]
-            left = call.queue_out_ms
-            for k in range(len(previous) - 1, -1, -1):
-                if left <= 0:
-                    break
-                if previous[k][0] == DELAY:
-                    take = min(left, previous[k][1])
-                    previous[k] = (DELAY, previous[k][1] - take)
-                    left -= take
-                elif previous[k][0] == LOOP:
-                    break
-
-
-# --- helpers ------------------------------------------------------------------------------
-def _clusters(
-    kids: list[StageRecord], start: int, end: int
-) -> list[tuple[int, int, list[StageRecord]]]:
-    out: list[tuple[int, int, list[StageRecord]]] = []
-    for kid in sorted(kids, key=lambda k: (k.start_ns, k.end_ns)):
-        a, b = max(kid.start_ns, start), min(max(kid.end_ns, kid.start_ns), end)
-        if out and a < out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b), [*out[-1][2], kid])
-        else:
-            out.append((a, b, [kid]))
-    return out
-
-
-def _gaps(spans: list[Interval], start: int, end: int) -> list[Interval]:
-    """The gaps around the cluster spans: one before each cluster and one after the last
-    (possibly empty), so that gaps and clusters alternate, starting and ending with a gap."""
-    gaps: list[Interval] = []
-    cursor = start
-    for a, b in spans:
-        gaps.append((cursor, max(cursor, a)))
-        cursor = max(cursor, b)
-    gaps.append((cursor, max(cursor, end)))
-    return gaps
-
-
-def consumer_ms(stage: StageRecord) -> float:
-    """An async-generator stage's ``tracekit.consumer_ms`` (0 for other stages)."""
-    value = stage.attributes.get(semconv.CONSUMER_MS)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return 0.0
-
-
-def _resumptions(
-    clusters: list[tuple[int, int, list[StageRecord]]],
-    slices: list[Interval],
-    waits: list[Interval],
-) -> list[tuple[int, float]]:
-    """Where the node's own code resumed inside an async-generator child (its consumer at
-    work between items) in steps too short to be recorded: the ends of its loop waits there
-    that no recorded slice follows. Returned as (time, cpu ms = 0 for now)."""
-    out: list[tuple[int, float]] = []
-    starts = sorted(a for a, _ in slices)
-    for a, b, members in clusters:
-        if not any(consumer_ms(m) > 0 for m in members):
-            continue
-        for _, resumed in waits:
-            if a < resumed < b:
-                i = bisect_left(starts, resumed)
-                if i < len(starts) and starts[i] - resumed < _FOLLOW_NS:
-                    continue  # a recorded slice is that resumption
-                out.append((resumed, 0.0))
-    return out
-
-
-def _absorb(items: list[Node], ms: float) -> list[Node]:
-    """Take ``ms`` out of the largest top-level delays (time that belonged to someone else)."""
-    if ms <= 0:
-        return items
-    out = list(items)
-    for i in sorted((i for i, n in enumerate(out) if n[0] == DELAY), key=lambda i: -out[i][1]):
-        take = min(ms, out[i][1])
-        out[i] = (DELAY, out[i][1] - take)
-        ms -= take
-        if ms <= 0:
-            break
-    return out
-
-
-def _free(a: int, b: int, waits: list[Interval]) -> float:
-    """Milliseconds of [a, b] that were not recorded loop waits."""
-    return max(0.0, (b - a - overlap(a, b, waits)) / _MS)
-
-
-def _merge_loops(items: list[Node]) -> list[Node]:
-    out: list[Node] = []
-    for node in items:
-        if node[0] == DELAY and node[1] < _TINY_MS and out and out[-1][0] == DELAY:
-            continue
-        if node[0] == LOOP and out and out[-1][0] == LOOP:
-            out[-1] = (LOOP, out[-1][1] + node[1], out[-1][2] + node[2])
-        else:
-            out.append(node)
-    return out
-
-
-def _largest_delay(items: list[Node]) -> int | None:
-    best: int | None = None
-    for i, node in enumerate(items):
-        if node[0] == DELAY and (best is None or node[1] > items[best][1]):
-            best = i
-    return best
-
-
-def _shrink_largest_delay(items: list[Node], by_ms: float) -> list[Node]:
-    i = _largest_delay(items)
-    if i is None or by_ms <= 0:
-        return items
-    out = list(items)
-    out[i] = (DELAY, max(0.0, items[i][1] - by_ms))
-    return out
-
-
-def _hold_largest_delay(items: list[Node], key: str, queue_ms: float) -> list[Node]:
-    i = _largest_delay(items)
-    if i is None:
-        return [(HOLD, key, items)]
-    out = list(items)
-    out[i] = (HOLD, key, [(DELAY, max(0.0, items[i][1] - queue_ms))])
-    return out
-
-
-def is_model_stage(stage: StageRecord) -> bool:
-    """A model call: a ``model`` stage, or a plain span with GenAI attributes."""
-    if stage.kind == semconv.KIND_MODEL:
-        return True
-    return not has_components(stage) and semconv.GEN_AI_OPERATION_NAME in stage.attributes
+            return [(HOLD, call.key, shrink_largest_delay(items, call.queue_in_ms))]
+        return hold_largest_delay(items, call.key, call.queue_in_ms)

@@ -22,7 +22,6 @@ returns figures from a replay that did not reproduce the trace.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,17 +29,15 @@ from typing import Any
 
 from tracekit.analysis._intervals import percentile
 from tracekit.analysis._model_calls import model_calls
-from tracekit.analysis._replay_arrivals import arrivals
-from tracekit.analysis._replay_build import PROCESSES, THREADS, ModelCall, ProgramBuilder
-from tracekit.analysis._replay_sim import Node, Simulation
+from tracekit.analysis._replay_build import ProgramBuilder, ProgramMemo
+from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall
+from tracekit.analysis._replay_run import Loops, Run, errors, figures, multi_loop_reason, simulate
+from tracekit.analysis._replay_sim import Node
 from tracekit.analysis.findings import Fix, default_thread_pool_size
 from tracekit.analysis.model import RequestRecord
 from tracekit.errors import ConfigurationError
 
 _MS = 1e6
-# Slices of different requests overlapping for more than this share of the loop time means
-# the trace mixes several event loops (worker processes), which the one-loop model is not.
-_MULTI_LOOP_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -119,33 +116,29 @@ class Validation:
         }
 
 
-@dataclass
-class _Run:
-    """One replay: simulated latency and arrival of every replayed request."""
-
-    latency: dict[int, float]
-    arrival: dict[int, float]
-    end: dict[int, float]
-    multi_loop: list[str]
-
-
 class Replayer:
-    """Validates and projects on request samples, caching the as-recorded replays.
+    """Validates and projects on request samples, caching what replays of a sample share.
 
     Args:
         config: the model's parameters (defaults: :class:`ReplayConfig`).
 
-    Cost: one replay is O(segments x log) events, plus O(concurrent CPU bursts) per event;
-    about 1-2 s for 20,000 requests of a few stages each.
+    Cost: one replay is O(events x log events) (about 2 per loop step and 1 per delay) plus
+    building the programs. Per sample, once: sorting and grouping it, its arrivals, the
+    as-recorded programs (their parts are kept in a :class:`ProgramMemo` per request, so a
+    fix rebuilds only what it changes) and the as-recorded replay. Memory: the programs of
+    the replayed requests.
     """
 
     def __init__(self, config: ReplayConfig | None = None) -> None:
         self.config = config or ReplayConfig()
-        self._cache: dict[Any, tuple[Sequence[RequestRecord], _Run]] = {}
-        # Programs of requests a fix does not change, for the sample in ``_sample`` (held so
-        # that the ids used as keys stay valid).
+        # Everything below belongs to the sample in ``_sample`` (held, so that the ids used
+        # as keys stay valid); a new sample clears it.
         self._sample: Sequence[RequestRecord] | None = None
-        self._programs: dict[tuple[int, Any, int], list[Node]] = {}
+        self._reqs: list[RequestRecord] = []
+        self._loops: Loops | None = None
+        self._baselines: dict[Any, Run] = {}
+        self._memos: dict[int, ProgramMemo] = {}
+        self._programs: dict[tuple[int, Any], list[Node]] = {}
 
     def validate(self, requests: Sequence[RequestRecord]) -> Validation:
         """Replay ``requests`` as recorded and compare with the measured latencies.
@@ -172,20 +165,20 @@ class Replayer:
                 f"too few instrumented requests to validate the replay "
                 f"({most} on the busiest route, {self.config.min_requests} needed)",
             )
-        run = self._baseline(requests, reqs, None)
-        errors = {r: _errors(reqs, run, r) for r in routes}
-        worst = max(routes, key=lambda r: max(abs(errors[r][0]), abs(errors[r][1])))
-        p50_error, p95_error = errors[worst]
+        run = self._baseline(None)
+        errs = {r: errors(reqs, run, r) for r in routes}
+        worst = max(routes, key=lambda r: max(abs(errs[r][0]), abs(errs[r][1])))
+        p50_error, p95_error = errs[worst]
         tol = self.config.tolerance
         reason: str | None = None
         if run.multi_loop:
-            reason = _multi_loop_reason(run.multi_loop)
+            reason = multi_loop_reason(run.multi_loop)
         elif abs(p50_error) > tol or abs(p95_error) > tol:
             reason = (
                 f"route {worst}: simulated p50 off by {p50_error:+.0%}, p95 by {p95_error:+.0%} "
                 f"(tolerance ±{tol:.0%})"
             )
-        return Validation(reason is None, p50_error, p95_error, reason, errors)
+        return Validation(reason is None, p50_error, p95_error, reason, errs)
 
     def project(
         self, requests: Sequence[RequestRecord], fix: Fix
@@ -217,10 +210,10 @@ class Replayer:
         calls = self._model_calls(reqs, fix)
         if fix.action == "model_overlap" and not calls:
             return None, f"no calls of model stage {fix.stage!r} to replay"
-        before = self._baseline(requests, reqs, fix if calls else None, calls)
+        before = self._baseline(fix if calls else None, calls)
         if before.multi_loop:
-            return None, _multi_loop_reason(before.multi_loop) + "; no projection"
-        p50_error, p95_error = _errors(reqs, before, route)
+            return None, multi_loop_reason(before.multi_loop) + "; no projection"
+        p50_error, p95_error = errors(reqs, before, route)
         tol = self.config.tolerance
         if abs(p50_error) > tol or abs(p95_error) > tol:
             measured = [r.wall_ms for r in on_route]
@@ -232,18 +225,22 @@ class Replayer:
                 f"{percentile(simulated, 0.95):.1f} vs {percentile(measured, 0.95):.1f} ms, "
                 f"{p95_error:+.0%}; tolerance ±{tol:.0%}), so no projection is shown"
             )
-        capacities = self._capacities(calls, fix)
-        after = self._run(reqs, fix, calls, capacities, (fix.stage, fix.queue) if calls else None)
-        b, a = _figures(reqs, before, route), _figures(reqs, after, route)
+        variant = (fix.stage, fix.queue) if calls else None
+        after = self._simulate(fix, calls, self._capacities(calls, fix), variant)
+        b, a = figures(reqs, before, route), figures(reqs, after, route)
         return {key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")}, None
 
     # --- internals ------------------------------------------------------------------------
     def _replayable(self, requests: Sequence[RequestRecord]) -> list[RequestRecord]:
         if self._sample is not requests:
             self._sample = requests
+            reqs = sorted((r for r in requests if r.instrumented), key=lambda r: r.start_ns)
+            self._reqs = reqs[: self.config.max_requests]
+            self._loops = None
+            self._baselines = {}
+            self._memos = {}
             self._programs = {}
-        reqs = sorted((r for r in requests if r.instrumented), key=lambda r: r.start_ns)
-        return reqs[: self.config.max_requests]
+        return self._reqs
 
     def _model_calls(self, reqs: list[RequestRecord], fix: Fix) -> dict[str, ModelCall]:
         if fix.action != "model_overlap" or fix.stage is None:
@@ -272,150 +269,52 @@ class Replayer:
             caps[call.key] = 1 if fix is None else fix.capacity
         return caps
 
-    def _baseline(
-        self,
-        requests: Sequence[RequestRecord],
-        reqs: list[RequestRecord],
-        fix: Fix | None,
-        calls: dict[str, ModelCall] | None = None,
-    ) -> _Run:
-        key = (id(requests), None if fix is None else (fix.stage, fix.queue, fix.route))
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] is requests:
-            return hit[1]
-        calls = calls or {}
-        variant = None if fix is None else (fix.stage, fix.queue)
-        run = self._run(reqs, None, calls, self._capacities(calls, None), variant)
-        self._cache[key] = (requests, run)
+    def _baseline(self, fix: Fix | None, calls: dict[str, ModelCall] | None = None) -> Run:
+        """The as-recorded replay of the current sample (with a one-at-a-time server for
+        ``fix``'s model calls, when given), cached."""
+        key = None if fix is None else (fix.stage, fix.queue, fix.route)
+        run = self._baselines.get(key)
+        if run is None:
+            calls = calls or {}
+            variant = None if fix is None else (fix.stage, fix.queue)
+            run = self._simulate(None, calls, self._capacities(calls, None), variant)
+            self._baselines[key] = run
         return run
 
-    def _program(
+    def _simulate(
         self,
-        req: RequestRecord,
-        t0: int,
         fix: Fix | None,
         calls: dict[str, ModelCall],
+        capacities: dict[str, int | None],
         variant: Any,
+    ) -> Run:
+        if self._loops is None:
+            config = self.config
+            self._loops = Loops(self._reqs, config.arrivals, config.closed_loop_gap_ms,
+                                config.closed_loop_fraction)  # fmt: skip
+        return simulate(
+            self._loops,
+            lambda req: self._program(req, fix, calls, variant),
+            self.config.cores,
+            capacities,
+        )
+
+    def _program(
+        self, req: RequestRecord, fix: Fix | None, calls: dict[str, ModelCall], variant: Any
     ) -> list[Node]:
         """A request's program; cached unless ``fix`` changes this request's own code (a
         model-overlap fix changes capacities only: its programs are its baseline's, the
         ``variant`` naming which model calls are held)."""
+        memo = self._memos.get(id(req))
+        if memo is None:
+            memo = self._memos[id(req)] = ProgramMemo()
         if fix is not None and fix.action != "model_overlap" and req.route == fix.route:
-            return ProgramBuilder(req, t0, fix, calls).program()
-        key = (id(req), variant, t0)
+            return ProgramBuilder(req, 0, fix, calls, memo).program()
+        key = (id(req), variant)
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = ProgramBuilder(req, t0, None, calls).program()
+            program = self._programs[key] = ProgramBuilder(req, 0, None, calls, memo).program()
         return program
-
-    def _run(
-        self,
-        reqs: list[RequestRecord],
-        fix: Fix | None,
-        calls: dict[str, ModelCall],
-        capacities: dict[str, int | None],
-        variant: Any = None,
-    ) -> _Run:
-        run = _Run({}, {}, {}, [])
-        if not reqs:
-            return run
-        t0 = min(r.start_ns for r in reqs)
-        by_service: dict[str, list[int]] = {}
-        for i, req in enumerate(reqs):
-            by_service.setdefault(req.service, []).append(i)
-        config = self.config
-        for service, indexes in by_service.items():
-            group = [reqs[i] for i in indexes]
-            if _mixes_loops(group):
-                run.multi_loop.append(service)
-            programs = [self._program(r, t0, fix, calls, variant) for r in group]
-            plan = arrivals(group, t0, config.arrivals, config.closed_loop_gap_ms,
-                            config.closed_loop_fraction)  # fmt: skip
-            sim = Simulation(config.cores, capacities, frozenset((THREADS, PROCESSES)))
-            opens = [plan.ready.get(local) for local in range(len(group))]
-            ends = sim.run(programs, opens, _Chainer(sim, plan.chains))
-            for local, index in enumerate(indexes):
-                first = sim.first_run[local]
-                if not math.isnan(ends[local]) and not math.isnan(first):
-                    run.arrival[index] = first
-                    run.end[index] = ends[local]
-                    run.latency[index] = ends[local] - first
-        return run
-
-
-@dataclass
-class _Chainer:
-    """Closed-loop arrivals: when a request ends, its chained successor becomes ready after
-    the recorded idle time between them."""
-
-    sim: Simulation
-    chains: dict[int, tuple[int, float]]
-
-    def __call__(self, local: int, at: float) -> None:
-        chained = self.chains.get(local)
-        if chained is not None:
-            self.sim.start(chained[0], at + chained[1])  # a new request: arrives as I/O
-
-
-def _errors(reqs: list[RequestRecord], run: _Run, route: str) -> tuple[float, float]:
-    measured = [r.wall_ms for i, r in enumerate(reqs) if r.route == route and i in run.latency]
-    simulated = [
-        run.latency[i] for i, r in enumerate(reqs) if r.route == route and i in run.latency
-    ]
-    if not measured:
-        return (math.inf, math.inf)
-    return (
-        _relative(percentile(simulated, 0.5), percentile(measured, 0.5)),
-        _relative(percentile(simulated, 0.95), percentile(measured, 0.95)),
-    )
-
-
-def _relative(simulated: float, measured: float) -> float:
-    if measured <= 0:
-        return 0.0 if simulated <= 0 else math.inf
-    return simulated / measured - 1.0
-
-
-def _figures(reqs: list[RequestRecord], run: _Run, route: str) -> dict[str, float]:
-    indexes = [i for i, r in enumerate(reqs) if r.route == route and i in run.latency]
-    latencies = [run.latency[i] for i in indexes]
-    first = min(run.arrival[i] for i in indexes)
-    last = max(run.end[i] for i in indexes)
-    span_s = (last - first) / 1000.0
-    throughput = len(indexes) / span_s if span_s > 0 else 0.0
-    return {
-        "p50_ms": round(percentile(latencies, 0.5), 3),
-        "p95_ms": round(percentile(latencies, 0.95), 3),
-        "throughput_rps": round(throughput, 3),
-    }
-
-
-def _mixes_loops(group: list[RequestRecord]) -> bool:
-    """Whether loop slices of different requests overlap (several event loops)."""
-    slices = sorted(
-        (a, b, i)
-        for i, req in enumerate(group)
-        for a, b in [*req.loop_slices, *(s for st in req.stages for s in st.loop_slices)]
-    )
-    total = sum(b - a for a, b, _ in slices)
-    if total <= 0:
-        return False
-    shared = 0
-    reach, owner = slices[0][1], slices[0][2]
-    for a, b, i in slices[1:]:
-        if a < reach and i != owner:
-            shared += min(b, reach) - a
-        if b > reach:
-            reach, owner = b, i
-    return shared > _MULTI_LOOP_SHARE * total
-
-
-def _multi_loop_reason(services: list[str]) -> str:
-    names = ", ".join(sorted(services))
-    return (
-        f"loop slices of different requests overlap in {names}: the trace mixes several "
-        f"event loops (worker processes), which the one-loop replay does not model"
-    )
 
 
 def validate(requests: Sequence[RequestRecord], config: ReplayConfig | None = None) -> Validation:

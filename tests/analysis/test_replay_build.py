@@ -1,0 +1,102 @@
+"""Programs reused across replays (``ProgramMemo``) are exactly the programs built afresh."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
+from tracekit.analysis._replay_build import ProgramBuilder, ProgramMemo
+from tracekit.analysis._replay_fixes import ModelCall
+from tracekit.analysis.findings import Fix
+from tracekit.analysis.model import RequestRecord
+
+ROUTE = "POST /v1/chat/completions"
+KINDS = {"model": "model", "guardrail": "guardrail", "tokenize": "tokenize"}
+
+
+def _nested(t: float) -> RequestRecord:
+    """A handler stage around tokenize and a guardrail, a streamed model stage whose
+    consumer runs beside it (an async generator), fan-out calls, a blocking serializer."""
+    handler = stage("handler", t + 1, t + 60, cpu_ms=3.0, wait_ms=40, slices=[(t + 1, t + 3)])
+    tok = stage("tokenize", t + 3, t + 13, cpu_ms=10, wait_ms=0, slices=[(t + 3, t + 13)],
+                parent=handler.span_id)  # fmt: skip
+    guard = stage("guardrail", t + 14, t + 58, kind="guardrail", cpu_ms=1, wait_ms=43,
+                  parent=handler.span_id, waits=[(t + 40, t + 42)])  # fmt: skip
+    model = stage("model", t + 61, t + 161, kind="model", cpu_ms=0.5, wait_ms=90,
+                  attributes={"tracekit.consumer_ms": 6.0})  # fmt: skip
+    calls = [
+        stage("lookup", t + 162 + 5 * i, t + 166 + 5 * i, cpu_ms=0.1, wait_ms=3.9,
+              span_kind="client")  # fmt: skip
+        for i in range(3)
+    ]
+    ser = stage("serialize", t + 178, t + 190, cpu_ms=2, wait_ms=0, max_block_ms=12,
+                slices=[(t + 178, t + 190)])  # fmt: skip
+    return request(ROUTE, t, t + 191, [handler, tok, guard, model, *calls, ser], cpu_ms=30.0,
+                   slices=[(t, t + 1), (t + 100, t + 103)], waits=[(t + 98, t + 100)],
+                   chunks=5)  # fmt: skip
+
+
+def _records() -> list[RequestRecord]:
+    rng = random.Random(3)
+    jobs = [
+        Job(
+            ROUTE,
+            [
+                Op("cpu", 0.3),
+                Op("cpu", 3 + 6 * rng.random(), "tokenize"),
+                Op("cpu", 0.5, "guardrail"),
+                Op("wait", 10 + 10 * rng.random(), "guardrail"),
+                Op("model", 30 + 30 * rng.random(), "model"),
+                *(Op("cpu", 0.2, "model", chunk=True) for _ in range(3)),
+                Op("thread", 2.0, "serialize"),
+            ],
+            20.0 * i,
+            kinds=KINDS,
+        )
+        for i in range(60)
+    ]
+    return [*simulate_gateway(jobs), *(_nested(5000.0 + 300 * i) for i in range(5))]
+
+
+FIXES = [
+    None,
+    Fix("thread", ROUTE, "tokenize", gil_free=True),
+    Fix("process", ROUTE, None),
+    Fix("shrink", ROUTE, "serialize", factor=0.05),
+    Fix("gather", ROUTE, "guardrail", other="model"),
+    Fix("fanout", ROUTE, "lookup"),
+    Fix("thread", ROUTE, "handler"),
+    Fix("thread", "GET /other", "tokenize"),
+]
+
+
+def _calls(req: RequestRecord, wrap: bool) -> dict[str, ModelCall]:
+    return {
+        s.span_id: ModelCall("model:gateway:model", 1.5, 2.5, wrap)
+        for s in req.stages
+        if s.kind == "model"
+    }
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_programs_from_the_memo_equal_programs_built_afresh(order: int) -> None:
+    for req in _records():
+        memo = ProgramMemo()
+        variants = [(fix, {}) for fix in FIXES] + [(None, _calls(req, w)) for w in (False, True)]
+        for fix, calls in [*variants[::order], *variants]:
+            fresh = ProgramBuilder(req, 0, fix, calls).program()
+            assert ProgramBuilder(req, 0, fix, calls, memo).program() == fresh, (fix, calls)
+
+
+def test_a_fix_reuses_the_nodes_it_does_not_touch() -> None:
+    req = _nested(0.0)
+    memo = ProgramMemo()
+    baseline = ProgramBuilder(req, 0, None, None, memo).program()
+    model = next(s for s in req.stages if s.name == "model")
+    kept = memo.plans[id(model)].items
+    assert kept is not None
+    fixed = ProgramBuilder(req, 0, Fix("thread", ROUTE, "tokenize"), None, memo).program()
+    assert fixed != baseline
+    assert memo.plans[id(model)].items is kept  # the model stage's program was reused

@@ -1,0 +1,111 @@
+"""How a :class:`~tracekit.analysis.findings.Fix` changes a request's replay program.
+
+Used by :mod:`tracekit.analysis._replay_build` while it builds a program:
+
+- ``thread`` / ``process`` / ``shrink``: the targeted stage's loop steps (:func:`loop_node`)
+  move to the thread pool or the process pool, or shrink;
+- ``gather`` / ``fanout``: a node's blocks (its gaps and its children's programs) are
+  restructured into a :data:`PAR` (:func:`restructure`);
+- ``model_overlap``: model calls hold a resource standing for the one-at-a-time server or
+  lock (:class:`ModelCall`); the recorded wait for it before the stage goes
+  (:func:`trim_before_outside_queues`), the replay produces its own.
+
+Every function returns new lists: the lists it is given may be shared with other programs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracekit.analysis._replay_nodes import merge_loops, trim_delays_before
+from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Node
+from tracekit.analysis.findings import Fix
+from tracekit.analysis.model import StageRecord
+
+THREADS = "threads"
+PROCESSES = "processes"
+
+#: A node's blocks: (the child stage whose program it is, or None; the nodes).
+Blocks = list[tuple[StageRecord | None, list[Node]]]
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A recorded model call's queueing, for replays with a one-at-a-time model server.
+
+    Attributes:
+        key: the HOLD resource standing for the server (or the lock).
+        queue_out_ms: waiting before the stage started (a lock / blocking client).
+        queue_in_ms: waiting inside the stage (the server's own queue).
+        wrap_stage: hold the resource for the whole stage (a lock around the call) rather
+            than for the model's answer only.
+    """
+
+    key: str
+    queue_out_ms: float
+    queue_in_ms: float
+    wrap_stage: bool
+
+
+def targets(fix: Fix | None, stage: StageRecord | None) -> bool:
+    """Whether ``fix`` moves or shrinks the loop steps of ``stage`` (``None``: the
+    request's own code)."""
+    if fix is None or fix.action not in ("thread", "process", "shrink"):
+        return False
+    return fix.stage is None if stage is None else stage.name == fix.stage
+
+
+def loop_node(fix: Fix | None, gil: float, block: float, targeted: bool) -> Node:
+    """A loop step of ``gil`` ms CPU and ``block`` ms blocking, as ``fix`` has it run."""
+    if not targeted or fix is None:
+        return (LOOP, gil, block)
+    if fix.action == "shrink":
+        return (LOOP, gil * fix.factor, block)
+    inner: list[Node] = []
+    if gil > 0:
+        inner.append((CPU, gil, fix.action == "thread" and not fix.gil_free))
+    if block > 0:
+        inner.append((DELAY, block))
+    return (HOLD, THREADS if fix.action == "thread" else PROCESSES, inner)
+
+
+def restructure(fix: Fix | None, blocks: Blocks) -> Blocks:
+    """A node's blocks with ``fix``'s overlap applied: ``gather`` starts ``fix.stage``
+    together with its later sibling ``fix.other`` (what ran between them runs before
+    ``fix.other``, as before); ``fanout`` starts all of ``fix.stage``'s sibling calls."""
+    if fix is None or fix.action not in ("gather", "fanout"):
+        return blocks
+    names = [tag.name if tag is not None else None for tag, _ in blocks]
+    if fix.action == "gather":
+        if fix.stage not in names:
+            return blocks
+        i = names.index(fix.stage)
+        later = [j for j in range(i + 1, len(blocks)) if names[j] == fix.other]
+        if not later:
+            return blocks
+        j = later[0]
+        rest = [node for _, items in blocks[i + 1 : j + 1] for node in items]
+        par: Node = (PAR, [blocks[i][1], merge_loops(rest)])
+        return [*blocks[:i], (None, [par]), *blocks[j + 1 :]]
+    calls = [i for i, name in enumerate(names) if name == fix.stage]
+    if len(calls) < 2:
+        return blocks
+    par = (PAR, [blocks[i][1] for i in calls])
+    out = [b for i, b in enumerate(blocks) if i not in calls[1:]]
+    out[calls[0]] = (None, [par])
+    return out
+
+
+def trim_before_outside_queues(model_calls: dict[str, ModelCall], blocks: Blocks) -> Blocks:
+    """A lock (or blocking client) wait happened before the model stage started, in the
+    block before it: the replay's HOLD produces that wait, so the recorded one goes."""
+    if not model_calls:
+        return blocks
+    out = list(blocks)
+    for index, (tag, _) in enumerate(out):
+        call = model_calls.get(tag.span_id) if tag is not None else None
+        if call is None or call.queue_out_ms <= 0 or index == 0:
+            continue
+        before, previous = out[index - 1]
+        out[index - 1] = (before, trim_delays_before(previous, call.queue_out_ms))
+    return out

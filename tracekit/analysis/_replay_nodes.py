@@ -1,0 +1,164 @@
+"""Helpers of :mod:`tracekit.analysis._replay_build`: recorded intervals cut into gaps and
+clusters, and small rewrites of node lists (see :mod:`tracekit.analysis._replay_sim` for
+the node types).
+
+Every function returns new lists and never mutates the ones it is given: programs and their
+parts are shared between replays (``_replay_build.ProgramMemo``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from tracekit import semconv
+from tracekit.analysis._intervals import Interval, overlap
+from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, Node
+from tracekit.analysis.model import StageRecord
+
+MS = 1e6
+TINY_MS = 0.001  # pieces and delays shorter than a microsecond are noise
+_FOLLOW_NS = 50_000  # a recorded slice starting this soon after a loop wait is its resumption
+
+#: (start, end, member stages) of a run of overlapping child stages.
+Cluster = tuple[int, int, list[StageRecord]]
+
+
+def has_components(stage: StageRecord) -> bool:
+    """Whether a stage record carries tracekit's cpu/wait components."""
+    return stage.cpu_ms is not None or stage.wait_ms is not None or bool(stage.loop_slices)
+
+
+def is_model_stage(stage: StageRecord) -> bool:
+    """A model call: a ``model`` stage, or a plain span with GenAI attributes."""
+    if stage.kind == semconv.KIND_MODEL:
+        return True
+    return not has_components(stage) and semconv.GEN_AI_OPERATION_NAME in stage.attributes
+
+
+def consumer_ms(stage: StageRecord) -> float:
+    """An async-generator stage's ``tracekit.consumer_ms`` (0 for other stages)."""
+    value = stage.attributes.get(semconv.CONSUMER_MS)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return 0.0
+
+
+def clusters(kids: list[StageRecord], start: int, end: int) -> list[Cluster]:
+    """Runs of overlapping ``kids`` (clipped to [start, end]), by start."""
+    out: list[Cluster] = []
+    for kid in sorted(kids, key=lambda k: (k.start_ns, k.end_ns)):
+        a, b = max(kid.start_ns, start), min(max(kid.end_ns, kid.start_ns), end)
+        if out and a < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b), [*out[-1][2], kid])
+        else:
+            out.append((a, b, [kid]))
+    return out
+
+
+def gaps(spans: list[Interval], start: int, end: int) -> list[Interval]:
+    """The gaps around the cluster spans: one before each cluster and one after the last
+    (possibly empty), so that gaps and clusters alternate, starting and ending with a gap."""
+    out: list[Interval] = []
+    cursor = start
+    for a, b in spans:
+        out.append((cursor, max(cursor, a)))
+        cursor = max(cursor, b)
+    out.append((cursor, max(cursor, end)))
+    return out
+
+
+def resumptions(
+    runs: list[Cluster], slices: list[Interval], waits: list[Interval]
+) -> list[tuple[int, float]]:
+    """Where the node's own code resumed inside an async-generator child (its consumer at
+    work between items) in steps too short to be recorded: the ends of its loop waits there
+    that no recorded slice follows. Returned as (time, cpu ms = 0 for now)."""
+    out: list[tuple[int, float]] = []
+    starts = sorted(a for a, _ in slices)
+    for a, b, members in runs:
+        if not any(consumer_ms(m) > 0 for m in members):
+            continue
+        for _, resumed in waits:
+            if a < resumed < b:
+                i = bisect_left(starts, resumed)
+                if i < len(starts) and starts[i] - resumed < _FOLLOW_NS:
+                    continue  # a recorded slice is that resumption
+                out.append((resumed, 0.0))
+    return out
+
+
+def absorb(items: list[Node], ms: float) -> list[Node]:
+    """Take ``ms`` out of the largest top-level delays (time that belonged to someone else)."""
+    if ms <= 0:
+        return items
+    out = list(items)
+    for i in sorted((i for i, n in enumerate(out) if n[0] == DELAY), key=lambda i: -out[i][1]):
+        take = min(ms, out[i][1])
+        out[i] = (DELAY, out[i][1] - take)
+        ms -= take
+        if ms <= 0:
+            break
+    return out
+
+
+def free_ms(a: int, b: int, waits: list[Interval]) -> float:
+    """Milliseconds of [a, b] that were not recorded loop waits."""
+    return max(0.0, (b - a - overlap(a, b, waits)) / MS)
+
+
+def merge_loops(items: list[Node]) -> list[Node]:
+    """Adjacent loop steps as one step; sub-microsecond delays after a delay dropped."""
+    out: list[Node] = []
+    for node in items:
+        if node[0] == DELAY and node[1] < TINY_MS and out and out[-1][0] == DELAY:
+            continue
+        if node[0] == LOOP and out and out[-1][0] == LOOP:
+            out[-1] = (LOOP, out[-1][1] + node[1], out[-1][2] + node[2])
+        else:
+            out.append(node)
+    return out
+
+
+def trim_delays_before(items: list[Node], ms: float) -> list[Node]:
+    """``items`` with ``ms`` taken out of the delays at their end, back to the last loop step."""
+    out = list(items)
+    left = ms
+    for k in range(len(out) - 1, -1, -1):
+        if left <= 0:
+            break
+        if out[k][0] == DELAY:
+            take = min(left, out[k][1])
+            out[k] = (DELAY, out[k][1] - take)
+            left -= take
+        elif out[k][0] == LOOP:
+            break
+    return out
+
+
+def _largest_delay(items: list[Node]) -> int | None:
+    best: int | None = None
+    for i, node in enumerate(items):
+        if node[0] == DELAY and (best is None or node[1] > items[best][1]):
+            best = i
+    return best
+
+
+def shrink_largest_delay(items: list[Node], by_ms: float) -> list[Node]:
+    """``items`` with their largest delay shortened by ``by_ms`` (not below 0)."""
+    i = _largest_delay(items)
+    if i is None or by_ms <= 0:
+        return items
+    out = list(items)
+    out[i] = (DELAY, max(0.0, items[i][1] - by_ms))
+    return out
+
+
+def hold_largest_delay(items: list[Node], key: str, queue_ms: float) -> list[Node]:
+    """``items`` with their largest delay (less ``queue_ms``) holding resource ``key``; all
+    of them when there is no delay."""
+    i = _largest_delay(items)
+    if i is None:
+        return [(HOLD, key, items)]
+    out = list(items)
+    out[i] = (HOLD, key, [(DELAY, max(0.0, items[i][1] - queue_ms))])
+    return out
