@@ -4,6 +4,7 @@ its projections, checked against known systems and queueing-theory figures."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,7 @@ from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.analysis.findings import Fix
-from tracekit.analysis.replay import ReplayConfig, Replayer, Validation, project, validate
+from tracekit.analysis.replay import ReplayConfig, Replayer, Validation, project, validate, window
 from tracekit.errors import ConfigurationError
 
 ROUTE = "POST /v1/chat/completions"
@@ -342,3 +343,20 @@ def test_validation_to_dict_when_nothing_can_be_validated() -> None:
     result = validate([], _config())
     assert isinstance(result, Validation) and not result.ok
     assert result.to_dict()["p50_error"] is None and "too few" in (result.reason or "")
+
+
+def test_the_replay_window_extends_until_rare_routes_have_enough_requests() -> None:
+    # 1,000 requests, one in ten on a rare route, five on a route too small to validate.
+    routes = ["GET /rare" if i % 10 == 9 else "POST /chat" for i in range(1000)]
+    routes[100:600:100] = ["GET /tiny"] * 5
+    reqs = [request(route, float(i), i + 1.0) for i, route in enumerate(routes)]
+    config = ReplayConfig(max_requests=100, route_requests=30, min_requests=20, max_window=800)
+    n = window(reqs, config)
+    assert [r.route for r in reqs[:n]].count("GET /rare") == 30  # 10 in the first 100
+    assert reqs[n - 1].route == "GET /rare"
+    assert window(reqs, replace(config, route_requests=5)) == 100  # already enough
+    assert window(reqs, replace(config, route_requests=500)) == 800  # capped
+    assert window(reqs[:50], config) == 50
+    replayer = Replayer(replace(config, thread_pool_size=4, cores=2))
+    replayer.validate(reqs)
+    assert replayer._reqs == reqs[:n]

@@ -60,7 +60,13 @@ class ReplayConfig:
         closed_loop_gap_ms: the most idle loop time between a request's end and the start of
             the request chained to it (``tracekit.analysis._replay_arrivals``).
         closed_loop_fraction: see ``arrivals``.
-        max_requests: at most this many requests (the earliest) are replayed.
+        max_requests: the earliest this many instrumented requests are replayed (a window of
+            intact concurrency; validation errors and projections measured stable from
+            2,000 requests up, ``docs/analyzer-rules.md``), or more, see ``route_requests``.
+        route_requests: the window extends past ``max_requests`` until every route with at
+            least ``min_requests`` in the sample has this many requests in it (or all it
+            has), so that a rare route is still validated on a usable sample.
+        max_window: never more than this many requests (the analyzer's sample size).
     """
 
     thread_pool_size: int = field(default_factory=default_thread_pool_size)
@@ -71,7 +77,9 @@ class ReplayConfig:
     arrivals: str = "auto"
     closed_loop_gap_ms: float = 2.0
     closed_loop_fraction: float = 0.6
-    max_requests: int = 20_000
+    max_requests: int = 5_000
+    route_requests: int = 200
+    max_window: int = 20_000
 
     def __post_init__(self) -> None:
         if self.thread_pool_size < 1 or self.cores < 1:
@@ -84,8 +92,10 @@ class ReplayConfig:
             )
         if not 0 < self.tolerance < 1:
             raise ConfigurationError(f"tolerance must be within (0, 1), not {self.tolerance}")
-        if self.min_requests < 1 or self.max_requests < 1:
-            raise ConfigurationError("min_requests and max_requests must be >= 1")
+        if min(self.min_requests, self.max_requests, self.route_requests, self.max_window) < 1:
+            raise ConfigurationError(
+                "min_requests, max_requests, route_requests and max_window must be >= 1"
+            )
 
 
 @dataclass
@@ -235,7 +245,7 @@ class Replayer:
         if self._sample is not requests:
             self._sample = requests
             reqs = sorted((r for r in requests if r.instrumented), key=lambda r: r.start_ns)
-            self._reqs = reqs[: self.config.max_requests]
+            self._reqs = reqs[: window(reqs, self.config)]
             self._loops = None
             self._baselines = {}
             self._memos = {}
@@ -315,6 +325,36 @@ class Replayer:
         if program is None:
             program = self._programs[key] = ProgramBuilder(req, 0, None, calls, memo).program()
         return program
+
+
+def window(reqs: Sequence[RequestRecord], config: ReplayConfig) -> int:
+    """How many of ``reqs`` (sorted by start) to replay: ``config.max_requests``, or more
+    until every route with ``config.min_requests`` has ``config.route_requests`` in the
+    window (or all it has), at most ``config.max_window``.
+
+    Cost: O(len(reqs)).
+    """
+    limit = min(len(reqs), config.max_window)
+    if limit <= config.max_requests:
+        return limit
+    total: dict[str, int] = {}
+    for req in reqs:
+        total[req.route] = total.get(req.route, 0) + 1
+    need = {
+        route: min(config.route_requests, n)
+        for route, n in total.items()
+        if n >= config.min_requests
+    }
+    for i, req in enumerate(reqs[:limit]):
+        left = need.get(req.route)
+        if left is not None:
+            if left > 1:
+                need[req.route] = left - 1
+            else:
+                del need[req.route]
+        if i + 1 >= config.max_requests and not need:
+            return i + 1
+    return limit
 
 
 def validate(requests: Sequence[RequestRecord], config: ReplayConfig | None = None) -> Validation:
