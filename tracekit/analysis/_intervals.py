@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from tracekit import semconv
 from tracekit.analysis.model import RequestRecord, StageRecord
@@ -87,19 +88,21 @@ class StageTree:
     __slots__ = ("by_id", "children", "top")
 
     def __init__(self, req: RequestRecord) -> None:
-        self.by_id = {s.span_id: s for s in req.stages}
+        # Built for every request by several rules and the replay: kept to one pass and
+        # C-level sort keys.
+        self.by_id = by_id = {s.span_id: s for s in req.stages}
         self.children: dict[str, list[StageRecord]] = {}
         self.top: list[StageRecord] = []
         for stage in req.stages:
             parent = stage.parent_id
-            if parent is None or parent == stage.span_id or parent not in self.by_id:
+            if parent is None or parent == stage.span_id or parent not in by_id:
                 self.top.append(stage)
             else:
                 self.children.setdefault(parent, []).append(stage)
-        key = _start_key
-        self.top.sort(key=key)
+        if len(self.top) > 1:
+            self.top.sort(key=_START_KEY)
         for kids in self.children.values():
-            kids.sort(key=key)
+            kids.sort(key=_START_KEY)
 
     def kids(self, stage: StageRecord | None) -> list[StageRecord]:
         """Direct children of ``stage`` (``None``: of the request)."""
@@ -124,6 +127,8 @@ class StageTree:
         slices = req.loop_slices if stage is None else stage.loop_slices
         if not slices:
             return []
+        if stage is not None and stage.span_id not in self.children:
+            return merge(slices)  # a leaf: nothing nested to take out
         cover = [s for d in self.descendants(stage) for s in d.loop_slices]
         cover += [(k.start_ns, k.end_ns) for k in self.kids(stage) if not is_generator(k)]
         nested = merge(cover)
@@ -136,8 +141,7 @@ def is_generator(stage: StageRecord) -> bool:
     return isinstance(consumer, (int, float)) and not isinstance(consumer, bool) and consumer > 0
 
 
-def _start_key(stage: StageRecord) -> tuple[int, str]:
-    return (stage.start_ns, stage.span_id)
+_START_KEY = attrgetter("start_ns", "span_id")
 
 
 def function_of(stage: StageRecord | None) -> str | None:

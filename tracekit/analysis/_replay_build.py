@@ -223,8 +223,6 @@ class ProgramBuilder:
             # A leaf with no recorded slices (the common case): its CPU, then its waits.
             leaf = absorb(self._leaf(start, end, cpu_ms, waits, targeted), consumer)
             return _Plan([], consumer, leaf)
-        runs = clusters(kids, start, end)
-        spans = [(a, b) for a, b, _ in runs]
         slices = [(max(a, start), min(b, end)) for a, b in slices if min(b, end) > max(a, start)]
         if not slices and max_block_ms and max_block_ms > cpu_ms and stage is not None:
             # No recorded slices (another producer): one blocking slice at the start.
@@ -232,8 +230,19 @@ class ProgramBuilder:
         slice_ms = sum(b - a for a, b in slices) / MS
         gil_share = min(1.0, cpu_ms / slice_ms) if slice_ms > 0 else 1.0
         leftover = max(0.0, cpu_ms - slice_ms)
-        gap_list = gaps(spans, start, end)
         waits = merge(waits)
+        if not kids:  # one gap, the whole node (the general case below, made short)
+            free_ns = max(0, (end - start) - overlap(start, end, waits))
+            first = []
+            if free_ns <= 0 and leftover > 0:
+                first.append(_Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
+            share = leftover * free_ns / free_ns if free_ns > 0 else 0.0
+            pieces = [p for p in slices if start <= p[0] < end]
+            items = self._gap(start, end, pieces, waits, gil_share, share, targeted)
+            return _Plan([*first, _Block(None, items)], consumer)
+        runs = clusters(kids, start, end)
+        spans = [(a, b) for a, b, _ in runs]
+        gap_list = gaps(spans, start, end)
         # Unplaced CPU goes where the node's own code could have run: its gaps' free time
         # (a gap that was all waiting for the loop ran nothing).
         free = [max(0, (b - a) - overlap(a, b, waits)) for a, b in gap_list]

@@ -74,10 +74,12 @@ def resumptions(
     work between items) in steps too short to be recorded: the ends of its loop waits there
     that no recorded slice follows. Returned as (time, cpu ms = 0 for now)."""
     out: list[tuple[int, float]] = []
-    starts = sorted(a for a, _ in slices)
+    starts: list[int] | None = None
     for a, b, members in runs:
         if not any(consumer_ms(m) > 0 for m in members):
             continue
+        if starts is None:
+            starts = sorted(a for a, _ in slices)
         for _, resumed in waits:
             if a < resumed < b:
                 i = bisect_left(starts, resumed)

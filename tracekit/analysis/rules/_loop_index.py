@@ -193,14 +193,18 @@ class LoopIndex:
         slices = self._slices.setdefault(service, [])
         service_waits = waits.setdefault(service, [])
         own = tree.own_slices(None, req)
-        slices.extend(_Slice(a, b, i, route, OWN) for a, b in own)
-        service_waits.extend((a, b, i) for a, b in req.loop_waits)
+        for a, b in own:
+            slices.append(_Slice(a, b, i, route, OWN))
+        for a, b in req.loop_waits:
+            service_waits.append((a, b, i))
         pieces = []
         for stage in req.stages:
             stage_pieces = tree.own_slices(stage, req)
             pieces.append(stage_pieces)
-            slices.extend(_Slice(a, b, i, route, stage.name) for a, b in stage_pieces)
-            service_waits.extend((a, b, i) for a, b in stage.loop_waits)
+            for a, b in stage_pieces:
+                slices.append(_Slice(a, b, i, route, stage.name))
+            for a, b in stage.loop_waits:
+                service_waits.append((a, b, i))
         per_stage = self.usages.setdefault(route, {})
         for name, usage in _usage(req, own, pieces).items():
             per_stage.setdefault(name, []).append(usage)
