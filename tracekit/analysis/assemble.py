@@ -1,55 +1,67 @@
 """Assembly: group a stream of spans into requests, in bounded memory.
 
 Spans of one trace arrive close together but in no guaranteed order (exporters write spans
-as they end, so children usually come before their parent). :func:`assemble` keeps a window
-of at most ``max_open_traces`` traces, least recently touched first; when a span of a new
-trace arrives and the window is full, the trace untouched for longest is *flushed*: its
-requests are built and yielded. The rest is flushed when the input ends.
+as they end, so children usually come before their parent). Assembly keeps the spans of each
+*open* trace and flushes a trace -- builds and yields its requests -- when
+
+- ``flush_after`` spans have been read since its first root span (no parent) arrived:
+  exporters write a span when it ends and a root ends last, so the trace is complete then,
+  with room left for spans that other processes export later; or
+- ``max_open_traces`` spans have been read since its last span arrived (it went quiet), so
+  at most that many traces are ever open; or
+- the input ends.
+
+Every rule counts positions in the input, never how many other traces are open, so what
+becomes of a trace depends only on where its own spans are: this is what lets the parallel
+reader (:mod:`tracekit.analysis._parallel`) assemble byte ranges of a file apart and get the
+very requests a single pass gets.
 
 A request is each SERVER span, or, in a trace with no SERVER span, each top-most span (a
 root, or a span whose parent is not in the input, like the OTLP specification's example).
 Its stages are its descendants down to, not into, the next SERVER span (a downstream service's
-SERVER span is a request of its own). Spans that arrive after their trace was flushed form a
-*late fragment*: only their SERVER spans become requests, because a top-most span of a
-fragment is not a real request root.
+SERVER span is a request of its own). Spans of a trace that arrive within ``max_open_traces``
+spans after it was flushed form a *late fragment*: only their SERVER spans become requests,
+because a top-most span of a fragment is not a real request root.
 
 Hostile input never hangs or crashes assembly: duplicate span ids keep the first span, a
 span that is its own parent is a root, cycles in parent links are cut by a visited set in
 iterative walks, negative durations are clamped to zero, and malformed ``tracekit.*`` values
-are ignored (the component becomes ``None``).
+are ignored (the component becomes ``None``). Record building lives in
+:mod:`tracekit.analysis._records`.
 """
 
 from __future__ import annotations
 
-import math
-import sys
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
-import orjson
-
-from tracekit import semconv
-from tracekit.analysis.model import RequestRecord, Span, StageRecord
+from tracekit.analysis._records import (
+    DECODED_KEYS,
+    compact,
+    decode_pairs,
+    request_record,
+    requests_of_trace,
+    route_of,
+    stage_record,
+)
+from tracekit.analysis.model import RequestRecord, Span
 from tracekit.errors import ConfigurationError
 
-# Every tracekit attribute name in semconv (they share the prefix of tracekit.stage): a
-# request carrying any of them is instrumented. A set lookup, not a prefix scan per key.
-_TRACEKIT_PREFIX = semconv.STAGE.partition(".")[0] + "."
-_TRACEKIT_KEYS = frozenset(
-    value
-    for value in vars(semconv).values()
-    if isinstance(value, str) and value.startswith(_TRACEKIT_PREFIX)
-)
-# At most this many (offset, duration) pairs are decoded per span: the core writes <= 32,
-# hostile input may write millions.
-_MAX_PAIRS = 64
-# Remembered ids of flushed traces (to recognise late fragments), as a multiple of the window.
-_FLUSHED_MEMORY = 4
-_INF = math.inf
-_KINDS: dict[Any, str] = {kind: kind for kind in semconv.STAGE_KINDS}
-# Strings up to this length are interned (a prompt in an attribute is not).
-_INTERN_MAX = 200
+__all__ = [
+    "DECODED_KEYS",
+    "Group",
+    "Window",
+    "assemble",
+    "compact",
+    "decode_pairs",
+    "request_record",
+    "requests_of_trace",
+    "route_of",
+    "stage_record",
+]
+
+Builder = Callable[..., list[RequestRecord]]
 
 
 def assemble(
@@ -59,13 +71,12 @@ def assemble(
 
     Args:
         spans: spans in any order (a reader's output).
-        max_open_traces: how many traces are held open at once; memory is bounded by this
-            times the spans per trace. A trace whose spans are spread further apart in the
-            input than this many other traces is split (its late spans form a fragment).
+        max_open_traces: a trace that has had no span for this many spans is flushed, so at
+            most this many traces are open at once; memory is bounded by this times the
+            spans per trace. A trace whose spans are further apart is split (its late spans
+            form a fragment).
         flush_after: a trace whose root span (no parent) has arrived is flushed once this
-            many more spans have been read. Exporters write a span when it ends and a root
-            ends last, so its trace is then complete; the delay leaves room for spans that
-            other processes export later. Keeps the window small on long inputs.
+            many more spans have been read. Keeps the window small on long inputs.
 
     Returns:
         An iterator of :class:`RequestRecord`, in flush order (roughly the input's order),
@@ -73,347 +84,162 @@ def assemble(
 
     Raises:
         ConfigurationError: ``max_open_traces`` or ``flush_after`` is less than 1.
+
+    Cost: O(1) per span plus building the requests (:mod:`tracekit.analysis._records`).
     """
-    if max_open_traces < 1:
-        raise ConfigurationError(f"max_open_traces must be >= 1, not {max_open_traces}")
-    if flush_after < 1:
-        raise ConfigurationError(f"flush_after must be >= 1, not {flush_after}")
-    return _assemble(spans, max_open_traces, flush_after)
+    window = Window(max_open_traces, flush_after)
+    return _stream(window, spans)
 
 
-def _assemble(spans: Iterable[Span], window: int, flush_after: int) -> Iterator[RequestRecord]:
-    # OrderedDicts, not dicts: popping the oldest entry of a plain dict again and again scans
-    # the deleted slots at its front (quadratic; measured 9 s on 200,000 spans).
-    open_traces: OrderedDict[str, list[Span]] = OrderedDict()
-    flushed: OrderedDict[str, None] = OrderedDict()
-    rooted: deque[tuple[int, str]] = deque()  # (spans read when the root came, trace id)
-    for n, span in enumerate(spans, start=1):
-        trace_id = span.trace_id
-        group = open_traces.get(trace_id)
-        if group is None:
-            if len(open_traces) >= window:
-                old_id, old = open_traces.popitem(last=False)
-                yield from _flush(old_id, old, flushed, window)
-            open_traces[trace_id] = [span]
-        else:
-            group.append(span)
-            open_traces.move_to_end(trace_id)  # least recently touched first (LRU eviction)
-        if span.parent_id is None:
-            rooted.append((n + flush_after, trace_id))
-        while rooted and rooted[0][0] <= n:
-            done = open_traces.pop(rooted.popleft()[1], None)
-            if done is not None:
-                yield from _flush(done[0].trace_id, done, flushed, window)
-    for trace_id, group in open_traces.items():
-        yield from _flush(trace_id, group, flushed, window)
+def _stream(window: Window, spans: Iterable[Span]) -> Iterator[RequestRecord]:
+    yield from window.run(enumerate(spans, start=1))
+    yield from window.finish()
 
 
-def _flush(
-    trace_id: str, group: list[Span], flushed: OrderedDict[str, None], window: int
-) -> Iterator[RequestRecord]:
-    late = trace_id in flushed
-    flushed[trace_id] = None
-    if len(flushed) > _FLUSHED_MEMORY * window:
-        flushed.popitem(last=False)
-    return iter(requests_of_trace(group, late=late))
+@dataclass(eq=False, slots=True)
+class Group:
+    """The spans of one trace read since it was last flushed (or first seen)."""
+
+    trace_id: str
+    late: bool
+    spans: list[Span] = field(default_factory=list)
+    last: int = 0  # position of its latest span
+    deadline: int | None = None  # flush position set by its first root span
+    done: bool = False
 
 
-def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestRecord]:
-    """Build the requests of one trace (or trace fragment).
+class Window:
+    """The state of assembly: open traces, pending root deadlines, recently flushed traces.
+
+    Positions are 1-based span counts of the input; :meth:`run` takes ``(position, span)``
+    pairs so that a caller can leave out spans handled elsewhere (``None`` in their place,
+    or a gap), and a state can be handed on to a later byte range (:meth:`state`,
+    :meth:`adopt`).
 
     Args:
-        spans: the spans of one trace, in any order.
-        late: the spans are a fragment that arrived after the trace was flushed: only SERVER
-            spans become requests.
-
-    Returns:
-        The requests, in the order of their spans' start times.
+        max_open_traces: see :func:`assemble`.
+        flush_after: see :func:`assemble`.
+        build: makes the requests of a flushed trace (``build(spans, late=...)``).
     """
-    by_id: dict[str, Span] = {}
-    for span in spans:
-        by_id.setdefault(span.span_id, span)
-    children: dict[str, list[Span]] = {}
-    roots: list[Span] = []
-    for span in by_id.values():
-        parent = span.parent_id
-        if parent is None or parent == span.span_id or parent not in by_id:
-            roots.append(span)
-        else:
-            children.setdefault(parent, []).append(span)
-    heads = [s for s in by_id.values() if s.kind == "server"]
-    if not heads and not late:
-        # Pure cycles have no root at all: the earliest span stands in for one.
-        heads = roots or [min(by_id.values(), key=lambda s: (s.start_ns, s.span_id))]
-    heads.sort(key=lambda s: (s.start_ns, s.span_id))
-    return [_request(head, children) for head in heads]
 
+    def __init__(
+        self, max_open_traces: int, flush_after: int, build: Builder = requests_of_trace
+    ) -> None:
+        if max_open_traces < 1:
+            raise ConfigurationError(f"max_open_traces must be >= 1, not {max_open_traces}")
+        if flush_after < 1:
+            raise ConfigurationError(f"flush_after must be >= 1, not {flush_after}")
+        self.idle = max_open_traces
+        self.flush_after = flush_after
+        self.late_after = max_open_traces
+        self.build = build
+        self.open: dict[str, Group] = {}
+        self.rooted: deque[tuple[int, Group]] = deque()
+        self.flushed: dict[str, int] = {}  # trace id -> position it was flushed at
+        self._expiry: deque[tuple[int, str]] = deque()
+        self._sweep_every = max(1, max_open_traces // 4)
+        self._sweep_at = self._sweep_every
 
-def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:
-    stages: list[StageRecord] = []
-    visited = {head.span_id}
-    stack = list(children.get(head.span_id, ()))
-    while stack:
-        span = stack.pop()
-        if span.span_id in visited or span.kind == "server":
-            continue
-        visited.add(span.span_id)
-        stages.append(stage_record(span))
-        stack.extend(children.get(span.span_id, ()))
-    stages.sort(key=lambda s: (s.start_ns, s.span_id))
-    return request_record(head, stages)
+    @property
+    def reach(self) -> int:
+        """How many positions after a point the state before it can still matter."""
+        return max(self.idle, self.flush_after) + self.late_after + 1
 
+    def run(self, positioned: Iterable[tuple[int, Span | None]]) -> Iterator[RequestRecord]:
+        """Add spans at increasing positions, yielding the requests of traces flushed meanwhile.
 
-def stage_record(span: Span) -> StageRecord:
-    """Convert one descendant span of a request into a :class:`StageRecord`.
+        Cost: O(1) per span (two dict lookups, an append), plus a sweep over the open
+        traces every ``max_open_traces / 4`` positions.
+        """
+        open_get = self.open.get
+        rooted = self.rooted
+        idle = self.idle
+        for n, span in positioned:
+            if span is None:
+                continue
+            while rooted and rooted[0][0] < n:
+                deadline, due = rooted.popleft()
+                if not due.done:
+                    yield from self._flush(due, deadline)
+            trace_id = span.trace_id
+            group = open_get(trace_id)
+            if group is None or group.last + idle < n:
+                if group is not None:  # went quiet before this span: flushed back then
+                    yield from self._flush(group, group.last + idle)
+                group = self._open(trace_id, n)
+            group.spans.append(span)
+            group.last = n
+            if span.parent_id is None and group.deadline is None:
+                group.deadline = n + self.flush_after
+                rooted.append((group.deadline, group))
+            if n >= self._sweep_at:
+                self._sweep_at = n + self._sweep_every
+                yield from self.sweep(n)
 
-    Args:
-        span: a tracekit stage span (``tracekit.stage`` present) or any plain span.
+    def _open(self, trace_id: str, n: int) -> Group:
+        flushed_at = self.flushed.get(trace_id)
+        late = flushed_at is not None and n - flushed_at <= self.late_after
+        group = self.open[trace_id] = Group(trace_id, late)
+        return group
 
-    Returns:
-        For a stage span: name and kind from ``tracekit.stage``/``tracekit.stage.kind``, the
-        components and loop slices/waits from its ``tracekit.*`` attributes. For a plain span:
-        name = span name, kind = span kind, components ``None``.
-    """
-    a = span.attributes
-    get = a.get
-    start = span.start_ns
-    end_ns = span.end_ns if span.end_ns > start else start
-    stage_name = get(semconv.STAGE)
-    if stage_name is None:
-        return StageRecord(
-            _intern(span.name), span.kind, span.span_id, span.parent_id, start, end_ns, span.kind,
-            (end_ns - start) / 1e6,
-            code_function=_text(get(semconv.CODE_FUNCTION)),
-            code_namespace=_text(get(semconv.CODE_NAMESPACE)),
-            attributes=a,
-        )  # fmt: skip
-    name = _intern(stage_name if type(stage_name) is str else str(stage_name))
-    # The semconv constant itself, so that every record shares one string object.
-    kind = get(semconv.STAGE_KIND)
-    kind = (
-        (_KINDS.get(kind) if type(kind) is str else None) or _KINDS.get(name) or semconv.KIND_OTHER
-    )
-    # Hot path (one call per stage span): the common well-formed float is taken inline,
-    # anything else goes through _ms.
-    v = get(semconv.WALL_MS)
-    wall = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.CPU_MS)
-    cpu = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.WAIT_MS)
-    wait = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.LOOP_WAIT_MS)
-    loop_wait = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.CHILDREN_MS)
-    children = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.MAX_BLOCK_MS)
-    max_block = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.ON_LOOP)
-    on_loop = v if type(v) is bool else _flag(v)
-    v = get(semconv.LOOP_SLICES_US)
-    slices = decode_pairs(v, start) if v is not None else []
-    v = get(semconv.LOOP_WAITS_US)
-    waits = decode_pairs(v, start) if v is not None else []
-    return StageRecord(
-        name, kind, span.span_id, span.parent_id, start, end_ns, span.kind,
-        (end_ns - start) / 1e6 if wall is None else wall,
-        cpu, wait, loop_wait, children, max_block, on_loop,
-        _text(get(semconv.BLOCKED_AT)),
-        _text(get(semconv.CODE_FUNCTION)),
-        _text(get(semconv.CODE_NAMESPACE)),
-        slices, waits, a,
-    )  # fmt: skip
+    def sweep(self, n: int) -> Iterator[RequestRecord]:
+        """Flush every trace due before position ``n``; forget flushed traces out of reach."""
+        while self.rooted and self.rooted[0][0] < n:
+            deadline, due = self.rooted.popleft()
+            if not due.done:
+                yield from self._flush(due, deadline)
+        idle = self.idle
+        for group in [g for g in self.open.values() if g.last + idle < n]:
+            yield from self._flush(group, group.last + idle)
+        expiry = self._expiry
+        while expiry and expiry[0][0] < n - self.late_after:
+            at, trace_id = expiry.popleft()
+            if self.flushed.get(trace_id) == at:
+                del self.flushed[trace_id]
 
+    def finish(self) -> Iterator[RequestRecord]:
+        """The input ended: flush every open trace."""
+        for group in list(self.open.values()):
+            yield from self._flush(group, group.last)
+        self.rooted.clear()
 
-def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
-    """Convert a request's head span and its stages into a :class:`RequestRecord`.
+    def _flush(self, group: Group, at: int) -> Iterator[RequestRecord]:
+        group.done = True
+        trace_id = group.trace_id
+        if self.open.get(trace_id) is group:
+            del self.open[trace_id]
+        self.flushed[trace_id] = at
+        self._expiry.append((at, trace_id))
+        return iter(self.build(group.spans, late=group.late))
 
-    Args:
-        span: the SERVER (or top-most) span.
-        stages: its stages, as :func:`stage_record` made them.
+    def state(self, shift: int) -> tuple[list[Group], dict[str, int]]:
+        """The open traces and the remembered flushes, positions moved by ``-shift``.
 
-    Returns:
-        The record; ``instrumented`` is true when the span or any stage carries ``tracekit.*``
-        attributes.
-    """
-    a = span.attributes
-    get = a.get
-    instrumented = not _TRACEKIT_KEYS.isdisjoint(a) or any(
-        s.cpu_ms is not None or s.wait_ms is not None for s in stages
-    )
-    status = _status(a)
-    start = span.start_ns
-    v = get(semconv.LOOP_SLICES_US)
-    slices = decode_pairs(v, start) if v is not None else []
-    v = get(semconv.LOOP_WAITS_US)
-    waits = decode_pairs(v, start) if v is not None else []
-    return RequestRecord(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        service=span.service,
-        route=_intern(route_of(span)),
-        start_ns=start,
-        end_ns=span.end_ns if span.end_ns > start else start,
-        status_code=status,
-        error=span.error or (status is not None and status >= 500),
-        instrumented=instrumented,
-        cpu_ms=_ms(get(semconv.CPU_MS)),
-        loop_wait_ms=_ms(get(semconv.LOOP_WAIT_MS)),
-        model_wait_ms=_ms(get(semconv.MODEL_WAIT_MS)),
-        io_wait_ms=_ms(get(semconv.IO_WAIT_MS)),
-        overhead_ms=_ms(get(semconv.OVERHEAD_MS)),
-        max_block_ms=_ms(get(semconv.MAX_BLOCK_MS)),
-        blocked_at=_text(get(semconv.BLOCKED_AT)),
-        ttfb_ms=_ms(get(semconv.TTFB_MS)),
-        ttft_ms=_ms(get(semconv.TTFT_MS)),
-        itl_p50_ms=_ms(get(semconv.ITL_P50_MS)),
-        itl_p95_ms=_ms(get(semconv.ITL_P95_MS)),
-        itl_max_ms=_ms(get(semconv.ITL_MAX_MS)),
-        tpot_ms=_ms(get(semconv.TPOT_MS)),
-        chunks=_count(get(semconv.CHUNKS)),
-        inflight=_count(get(semconv.INFLIGHT)),
-        loop_slices=slices,
-        loop_waits=waits,
-        stages=stages,
-        attributes=a,
-    )
+        For handing the state on to the reader of the next byte range (``shift``: the spans
+        of this range). Groups keep their spans; call :meth:`sweep` first to drop the due.
+        """
+        groups = list(self.open.values())
+        for group in groups:
+            group.last -= shift
+            if group.deadline is not None:
+                group.deadline -= shift
+        return groups, {t: at - shift for t, at in self.flushed.items()}
 
+    def adopt(self, groups: list[Group], flushed: dict[str, int]) -> None:
+        """Take over a state from :meth:`state` (before any span of this window was added).
 
-#: Attributes whose values assembly decodes into record fields (see :func:`compact`).
-DECODED_KEYS = frozenset(
-    {
-        semconv.STAGE, semconv.STAGE_KIND, semconv.WALL_MS, semconv.CPU_MS, semconv.WAIT_MS,
-        semconv.LOOP_WAIT_MS, semconv.CHILDREN_MS, semconv.MAX_BLOCK_MS, semconv.ON_LOOP,
-        semconv.BLOCKED_AT, semconv.CODE_FUNCTION, semconv.CODE_NAMESPACE,
-        semconv.LOOP_SLICES_US, semconv.LOOP_WAITS_US, semconv.MODEL_WAIT_MS,
-        semconv.IO_WAIT_MS, semconv.OVERHEAD_MS, semconv.TTFB_MS, semconv.TTFT_MS,
-        semconv.ITL_P50_MS, semconv.ITL_P95_MS, semconv.ITL_MAX_MS, semconv.TPOT_MS,
-        semconv.CHUNKS, semconv.INFLIGHT,
-    }
-)  # fmt: skip
-
-
-def compact(req: RequestRecord) -> RequestRecord:
-    """Drop the attributes already decoded into fields, in place, to keep a record cheaply.
-
-    A stage span's attribute map is mostly ``tracekit.*`` values that assembly has already
-    decoded; a kept request sample (20,000 requests) would otherwise hold them all twice.
-
-    Args:
-        req: a record made by assembly.
-
-    Returns:
-        ``req``, whose and whose stages' ``attributes`` now hold only the other attributes.
-    """
-    req.attributes = _kept(req.attributes)
-    for stage in req.stages:
-        stage.attributes = _kept(stage.attributes)
-    return req
-
-
-def _kept(attributes: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: _intern(v) if type(v) is str else v
-        for k, v in attributes.items()
-        if k not in DECODED_KEYS
-    }
-
-
-def route_of(span: Span) -> str:
-    """The route a request span belongs to.
-
-    Args:
-        span: a request's head span.
-
-    Returns:
-        ``"METHOD /route"`` from ``http.route`` and the request method (new or old attribute
-        name); the span name when it already ends with the route (``POST /api`` named spans
-        without a method attribute); the bare route; else the span name.
-    """
-    a = span.attributes
-    route = a.get(semconv.HTTP_ROUTE)
-    if not isinstance(route, str) or not route:
-        return span.name
-    method = a.get(semconv.HTTP_REQUEST_METHOD) or a.get(semconv.HTTP_METHOD_OLD)
-    if isinstance(method, str) and method:
-        return f"{method} {route}"
-    return span.name if span.name.endswith(route) else route
-
-
-def decode_pairs(value: Any, base_ns: int) -> list[tuple[int, int]]:
-    """Decode a ``[offset_us, duration_us, ...]`` array into absolute ``(start_ns, end_ns)``.
-
-    Args:
-        value: the attribute value: a list of ints, or its JSON text (Jaeger stringifies
-            arrays); anything else decodes to nothing.
-        base_ns: the span's start, which the offsets are relative to.
-
-    Returns:
-        At most 64 intervals; pairs with a non-integer or negative member are skipped.
-    """
-    if isinstance(value, str) and value.startswith("["):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return []
-    if not isinstance(value, (list, tuple)):
-        return []
-    out: list[tuple[int, int]] = []
-    for i in range(0, min(len(value) - 1, 2 * _MAX_PAIRS), 2):
-        offset, duration = value[i], value[i + 1]
-        if type(offset) is not int or type(duration) is not int or offset < 0 or duration < 0:
-            continue
-        start = base_ns + offset * 1000
-        out.append((start, start + duration * 1000))
-    return out
-
-
-def _ms(value: Any) -> float | None:
-    if value is None:
-        return None
-    # Only real numbers (bools are ints in Python); numeric text is accepted because some
-    # Jaeger exports type every tag as a string. NaN/inf are corrupt input: unknown.
-    if type(value) is float or type(value) is int:
-        number = float(value)
-    elif isinstance(value, str) and 0 < len(value) <= 32:
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-    else:
-        return None
-    return max(number, 0.0) if math.isfinite(number) else None
-
-
-def _count(value: Any) -> int | None:
-    if type(value) is int and value >= 0:
-        return value
-    if type(value) is float and value.is_integer() and value >= 0:
-        return int(value)
-    return None
-
-
-def _flag(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if value == "true" or value == "false":  # Jaeger exports with every tag typed string
-        return bool(value == "true")
-    return None
-
-
-def _text(value: Any) -> str | None:
-    return _intern(value) if type(value) is str and value else None
-
-
-def _intern(text: str) -> str:
-    # Names, kinds and code locations repeat on every request: one shared string each
-    # instead of one per span keeps the 20,000-request sample small (~1 kB per request).
-    return sys.intern(text) if len(text) <= _INTERN_MAX else text
-
-
-def _status(a: dict[str, Any]) -> int | None:
-    value = a.get(semconv.HTTP_RESPONSE_STATUS_CODE, a.get(semconv.HTTP_STATUS_CODE_OLD))
-    if type(value) is int:
-        return value
-    if isinstance(value, str) and value.isdigit() and len(value) <= 3:
-        return int(value)
-    return None
+        Raises:
+            ValueError: this window already holds traces.
+        """
+        if self.open or self.flushed:
+            raise ValueError("adopt() needs an empty window")
+        for trace_id, at in sorted(flushed.items(), key=lambda item: item[1]):
+            self.flushed[trace_id] = at
+            self._expiry.append((at, trace_id))
+        deadlines = []
+        for group in groups:
+            self.open[group.trace_id] = group
+            if group.deadline is not None:
+                deadlines.append((group.deadline, group))
+        deadlines.sort(key=lambda item: item[0])
+        self.rooted.extend(deadlines)

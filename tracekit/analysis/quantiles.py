@@ -9,12 +9,21 @@ the bucket. The rank is found by walking the buckets in order, so a percentile f
 histogram is within 1% of *some* value whose rank is the requested one (the nearest-rank
 percentile), and clamped to the exact minimum and maximum. Memory: at most ``EXACT_LIMIT``
 floats, then one counter per occupied bucket (about 115 buckets per decade of values).
+
+The histogram of a set of values does not depend on their order, so structures filled apart
+(by the parallel reader's workers) :meth:`~Quantiles.merge` into exactly the structure one
+pass would have built: the same exact values or the same buckets, hence the same percentiles.
+Only the running total (the mean, which the report does not use) can differ in its last bits.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
+from collections.abc import Sequence
+from itertools import repeat
+from operator import mul
 
 #: Values kept exactly before switching to the histogram.
 EXACT_LIMIT = 2048
@@ -80,19 +89,73 @@ class Quantiles:
 
     def _switch(self, exact: array[float]) -> None:
         self._exact = None
-        self._n = len(exact)
-        self._total = math.fsum(exact)
-        self._min = min(exact)
-        self._max = max(exact)
-        for v in exact:
-            self._bucket(v)
+        self._n = 0
+        self._total = 0.0
+        self._bin(exact)
 
-    def _bucket(self, value: float) -> None:
-        if value <= _ZERO:
-            self._zeros += 1
+    def extend(self, values: Sequence[float]) -> None:
+        """Record many values at once: the same result as :meth:`add` for each, in C loops.
+
+        Args:
+            values: finite numbers; negative values are clamped to zero.
+
+        Cost: O(len(values)), a few C-level passes (a third of a Python loop of ``add``).
+        """
+        if not values:
             return
-        index = _ceil(_log(value) * _INV_LOG_GAMMA)
-        self._buckets[index] = self._buckets.get(index, 0) + 1
+        if min(values) < 0:
+            values = [v if v >= 0 else 0.0 for v in values]
+        exact = self._exact
+        if exact is not None:
+            exact.extend(values)
+            self._sorted = False
+            if len(exact) > EXACT_LIMIT:
+                self._switch(exact)
+            return
+        self._bin(values)
+
+    def _bin(self, values: Sequence[float]) -> None:
+        # The histogram phase of add() for many values, with the same arithmetic.
+        if not values:
+            return
+        self._n += len(values)
+        self._total += math.fsum(values)
+        low = min(values)
+        high = max(values)
+        if low < self._min:
+            self._min = low
+        if high > self._max:
+            self._max = high
+        if low <= _ZERO:
+            positive = [v for v in values if v > _ZERO]
+            self._zeros += len(values) - len(positive)
+            values = positive
+        counts = Counter(map(_ceil, map(mul, map(_log, values), repeat(_INV_LOG_GAMMA))))
+        buckets = self._buckets
+        for index, count in counts.items():
+            buckets[index] = buckets.get(index, 0) + count
+
+    def merge(self, other: Quantiles) -> None:
+        """Add the values recorded by ``other`` (left unchanged) to this structure.
+
+        The result is what recording both streams into one structure gives: exact values
+        while there are at most ``EXACT_LIMIT`` of them, else the union of the histograms.
+
+        Cost: O(EXACT_LIMIT + occupied buckets).
+        """
+        if other._exact is not None:
+            self.extend(other._exact)
+            return
+        if self._exact is not None:
+            self._switch(self._exact)
+        self._n += other._n
+        self._total += other._total
+        self._min = min(self._min, other._min)
+        self._max = max(self._max, other._max)
+        self._zeros += other._zeros
+        buckets = self._buckets
+        for index, count in other._buckets.items():
+            buckets[index] = buckets.get(index, 0) + count
 
     @property
     def count(self) -> int:

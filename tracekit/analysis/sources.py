@@ -37,6 +37,7 @@ import orjson
 from tracekit.analysis._jaeger_api import fetch, is_url, query_url
 from tracekit.analysis._jaeger_json import is_jaeger, jaeger_spans
 from tracekit.analysis._otlp_json import is_otlp, otlp_spans
+from tracekit.analysis._otlp_typed import typed_spans
 from tracekit.analysis._sdk_spans import memory_spans
 from tracekit.analysis._source_common import SPAN_ERRORS, ReadStats, one_line
 from tracekit.analysis.model import Span
@@ -200,7 +201,14 @@ def _api_spans(url: str, stats: ReadStats) -> Iterator[Span]:
 
 
 def _file_spans(path: Path, name: str, stats: ReadStats) -> Iterator[Span]:
-    for where, doc, lines in _documents(path, name):
+    for where, doc, lines in _documents(path, name, raw=True):
+        if type(doc) is bytes:
+            # A JSON Lines line past the first: the typed fast path, else the generic one.
+            spans = typed_spans(doc)
+            if spans is not None:
+                yield from spans
+                continue
+            doc = _parse(doc, where)
         family = _family(doc, where)
         if not stats.format:
             stats.format = f"{family}-json{'l' if lines else ''}"
@@ -229,11 +237,12 @@ def _describe(doc: Any) -> str:
     return f"a JSON {type(doc).__name__}"
 
 
-def _documents(path: Path, name: str) -> Iterator[tuple[str, Any, bool]]:
+def _documents(path: Path, name: str, *, raw: bool = False) -> Iterator[tuple[str, Any, bool]]:
     """Yield ``(where, document, is_json_lines)`` for each JSON document in the file.
 
     A file whose first non-blank line is a complete JSON value followed by more content is
-    JSON Lines; anything else is one document (pretty-printed JSON, or a single line).
+    JSON Lines; anything else is one document (pretty-printed JSON, or a single line). With
+    ``raw``, the lines of JSON Lines after the first are yielded unparsed (``bytes``).
     """
     regular = stat.S_ISREG(path.stat().st_mode)  # a pipe cannot seek back
     with _open(path) as file:
@@ -257,11 +266,12 @@ def _documents(path: Path, name: str) -> Iterator[tuple[str, Any, bool]]:
             yield name, doc, False
             return
         yield f"{name}: line {lineno}", doc, True
-        yield f"{name}: line {second_no}", _parse(second, f"{name}: line {second_no}"), True
+        where = f"{name}: line {second_no}"
+        yield where, second if raw else _parse(second, where), True
         for lineno, line in enumerate(file, second_no + 1):
             if not line.isspace():
                 where = f"{name}: line {lineno}"
-                yield where, _parse(line, where), True
+                yield where, line if raw else _parse(line, where), True
 
 
 @contextlib.contextmanager

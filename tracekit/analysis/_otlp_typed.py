@@ -1,0 +1,276 @@
+"""The fast path of the OTLP JSON Lines reader: typed decoding with msgspec.
+
+``orjson.loads`` builds a dict per span and two per attribute before the generic reader
+(:mod:`tracekit.analysis._otlp_json`) converts them; here msgspec decodes a line straight into
+the few typed structs the reader needs, validating types and limits in C and skipping unknown
+fields, and :func:`typed_spans` turns them into the very same :class:`Span` objects.
+
+The generic reader stays the reference. The structs accept only what the generic reader
+converts without a skip, a cut or an error: a field typed ``X | UnsetType`` refuses ``null``,
+attribute values forbid unknown fields, strings longer than the cut, lists longer than the
+limits, nested arrays and key-value lists, integers outside 64 bits (orjson reads those as
+floats) and ``"NaN"``-style doubles are all refused. For any line with something unusual
+:func:`typed_spans` returns ``None`` and the caller reads that line the generic way, so skip
+counts, messages and errors never depend on which path read a line (a test compares both on
+every field mutation).
+
+Cost: msgspec's decode is about half of ``orjson.loads`` on tracekit's spans; the conversion
+to :class:`Span` is one pass over the attributes (figures in ``docs/performance-analyzer.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+import orjson
+from msgspec import UNSET, Meta, UnsetType
+
+from tracekit import semconv
+from tracekit.analysis._otlp_json import _events
+from tracekit.analysis._source_common import (
+    MAX_ARRAY_ITEMS,
+    MAX_ATTRIBUTES,
+    MAX_NS,
+    MAX_VALUE_CHARS,
+    SPAN_ERRORS,
+    SPAN_IDS,
+    TRACE_IDS,
+    BadSpan,
+    ReadStats,
+    parent_id,
+    span_id,
+    trace_id,
+)
+from tracekit.analysis.model import SPAN_KINDS, Span
+
+__all__ = ["typed_spans"]
+
+_KINDS: dict[object, str] = dict(enumerate(SPAN_KINDS))
+_KINDS.update({f"SPAN_KIND_{name.upper()}": name for name in SPAN_KINDS})
+_ERROR_CODES = (2, "STATUS_CODE_ERROR")
+
+# What the generic reader takes without cutting: longer values go the generic way (and are cut
+# and counted there). Integers as JSON numbers: orjson reads those beyond 64 bits as floats.
+_Text = Annotated[str, Meta(max_length=MAX_VALUE_CHARS)]
+_Int = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class _Scalar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    doubleValue: float | UnsetType = UNSET
+    stringValue: _Text | UnsetType = UNSET
+    intValue: str | _Int | UnsetType = UNSET
+    boolValue: bool | UnsetType = UNSET
+    bytesValue: _Text | UnsetType = UNSET
+
+
+class _Array(msgspec.Struct, gc=False):
+    values: Annotated[list[_Scalar], Meta(max_length=MAX_ARRAY_ITEMS)] | None = None
+
+
+class _ScalarKeyValue(msgspec.Struct, gc=False):
+    key: str
+    value: _Scalar
+
+
+class _KvList(msgspec.Struct, gc=False):
+    values: Annotated[list[_ScalarKeyValue], Meta(max_length=MAX_ATTRIBUTES)] | None = None
+
+
+class _Value(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    doubleValue: float | UnsetType = UNSET
+    stringValue: _Text | UnsetType = UNSET
+    intValue: str | _Int | UnsetType = UNSET
+    boolValue: bool | UnsetType = UNSET
+    arrayValue: _Array | UnsetType = UNSET
+    kvlistValue: _KvList | UnsetType = UNSET
+    bytesValue: _Text | UnsetType = UNSET
+
+
+class _KeyValue(msgspec.Struct, gc=False):
+    key: str
+    value: _Value
+
+
+_Attributes = Annotated[list[_KeyValue], Meta(max_length=MAX_ATTRIBUTES)]
+
+
+class _Status(msgspec.Struct, gc=False):
+    code: _Int | str | None = None
+
+
+class _Span(msgspec.Struct, gc=False):
+    traceId: str
+    spanId: str
+    startTimeUnixNano: str | _Int
+    endTimeUnixNano: str | _Int
+    parentSpanId: str | None = None
+    name: str = ""
+    kind: _Int | str | None = 0
+    attributes: _Attributes | None = None
+    status: _Status | None = None
+    # Rare in tracekit's spans: kept as raw JSON and converted by the generic reader.
+    events: msgspec.Raw | None = None
+
+
+class _Scope(msgspec.Struct, gc=False):
+    spans: list[_Span] | None = None
+
+
+class _Resource(msgspec.Struct, gc=False):
+    attributes: _Attributes | None = None
+
+
+class _ResourceSpans(msgspec.Struct, gc=False):
+    resource: _Resource | None = None
+    scopeSpans: list[_Scope] | UnsetType | None = UNSET
+    instrumentationLibrarySpans: list[_Scope] | None = None
+
+
+class _TracesData(msgspec.Struct, gc=False):
+    resourceSpans: list[_ResourceSpans] | UnsetType | None = UNSET
+
+
+_DECODER = msgspec.json.Decoder(_TracesData)
+
+
+class _NotExact(Exception):
+    """The fast path cannot vouch for this line: the generic reader reads it."""
+
+
+def typed_spans(line: bytes) -> list[Span] | None:
+    """The spans of one OTLP JSON line, or ``None`` when the generic reader must read it.
+
+    Args:
+        line: one line of an OTLP JSON Lines file (one ``TracesData``).
+
+    Returns:
+        Exactly the spans the generic reader (``otlp_spans(orjson.loads(line), ...)``)
+        yields, when it would skip, cut or refuse nothing; else ``None``.
+    """
+    if not line.isascii():
+        try:
+            line.decode()  # msgspec does not check the UTF-8 of the fields it skips
+        except UnicodeDecodeError:
+            return None
+    try:
+        doc = _DECODER.decode(line)
+        resource_spans = doc.resourceSpans
+        if resource_spans is UNSET:
+            return None  # an envelope, Jaeger JSON or an error: the generic reader decides
+        out: list[Span] = []
+        for rs in resource_spans or ():
+            service = _service(rs.resource)
+            scopes = rs.scopeSpans
+            if scopes is UNSET:
+                scopes = rs.instrumentationLibrarySpans
+            for scope in scopes or ():
+                for raw in scope.spans or ():
+                    out.append(_span(raw, service))
+    except (msgspec.DecodeError, _NotExact, BadSpan, *SPAN_ERRORS):
+        return None
+    return out
+
+
+def _service(resource: _Resource | None) -> str:
+    if resource is None or not resource.attributes:
+        return ""
+    name = attributes(resource.attributes).get(semconv.SERVICE_NAME, "")
+    return name if type(name) is str else str(name)
+
+
+def _span(raw: _Span, service: str) -> Span:
+    start = int(raw.startTimeUnixNano)  # decimal text in proto3 JSON
+    end = int(raw.endTimeUnixNano)
+    if not 0 < start <= end <= MAX_NS:
+        raise _NotExact
+    tid = raw.traceId
+    tid = TRACE_IDS.get(tid) or trace_id(tid)
+    sid = raw.spanId
+    sid = SPAN_IDS.get(sid) or span_id(sid)
+    pid = raw.parentSpanId
+    pid = (SPAN_IDS.get(pid) or parent_id(pid)) if pid else None
+    if pid == sid:
+        raise _NotExact
+    status = raw.status
+    events: Any = raw.events
+    if events is not None:
+        events = orjson.loads(events)
+        if events:
+            stats = ReadStats()
+            events = _events(events, stats)
+            if stats.truncated:
+                raise _NotExact
+    return Span(
+        tid,
+        sid,
+        pid,
+        raw.name,
+        _KINDS.get(raw.kind, "unspecified"),
+        start,
+        end,
+        service,
+        attributes(raw.attributes) if raw.attributes else {},
+        status is not None and status.code in _ERROR_CODES,
+        events or [],
+    )
+
+
+def attributes(kvs: list[_KeyValue]) -> dict[str, Any]:
+    """Typed attribute values, as the generic reader's ``attributes`` makes them.
+
+    Cost: one pass; a double or a string (the common values) is one or two field reads.
+    """
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        value = kv.value
+        # The generic reader's order: double, string, int, bool, then the rest. The structs
+        # have already checked the types and lengths.
+        x: Any = value.doubleValue
+        if x is UNSET:
+            x = value.stringValue
+            if x is UNSET:
+                x = _value(value)
+                if x is None:
+                    continue
+        out[kv.key] = x
+    return out
+
+
+def _value(value: _Value | _Scalar) -> Any:
+    # Past double and string, in the generic reader's order; None for an empty value.
+    x: Any = value.intValue
+    if x is not UNSET:
+        return int(x) if type(x) is str else x
+    x = value.boolValue
+    if x is not UNSET:
+        return x
+    if type(value) is _Value:
+        if type(value.arrayValue) is _Array:
+            return _array(value.arrayValue.values)
+        if type(value.kvlistValue) is _KvList:
+            kvs = value.kvlistValue.values or ()
+            return {kv.key: x for kv in kvs if (x := _scalar(kv.value)) is not None}
+    x = value.bytesValue
+    return None if x is UNSET else x  # base64 text, kept as given
+
+
+def _scalar(value: _Scalar) -> Any:
+    x: Any = value.doubleValue
+    if x is UNSET:
+        x = value.stringValue
+        if x is UNSET:
+            x = _value(value)
+    return x
+
+
+def _array(items: list[_Scalar] | None) -> list[Any]:
+    if not items:
+        return []
+    if items[0].intValue is not UNSET:
+        # Integer arrays (tracekit's loop slices) are the common case.
+        try:
+            return [int(x) if type(x := item.intValue) is str else x.__index__() for item in items]  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass  # mixed items: one by one, as the generic reader does
+    return [_scalar(item) for item in items]

@@ -1,0 +1,349 @@
+"""Requests from the spans of one trace: the span tree and the ``tracekit.*`` attributes.
+
+:func:`requests_of_trace` finds the request heads of a trace (each SERVER span, else the
+top-most spans) and walks each head's descendants down to, not into, the next SERVER span;
+:func:`stage_record` and :func:`request_record` decode the ``tracekit.*`` attributes into
+record fields. Assembly (:mod:`tracekit.analysis.assemble`) calls these when it flushes a
+trace. Every span of the input passes through here once, so the common well-formed values
+are read inline and only unusual ones go through the helpers.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import attrgetter
+from typing import Any
+
+import orjson
+
+from tracekit import semconv
+from tracekit.analysis.model import RequestRecord, Span, StageRecord
+
+# Every tracekit attribute name in semconv (they share the prefix of tracekit.stage): a
+# request carrying any of them is instrumented. A set lookup, not a prefix scan per key.
+_TRACEKIT_PREFIX = semconv.STAGE.partition(".")[0] + "."
+_TRACEKIT_KEYS = frozenset(
+    value
+    for value in vars(semconv).values()
+    if isinstance(value, str) and value.startswith(_TRACEKIT_PREFIX)
+)
+# At most this many (offset, duration) pairs are decoded per span: the core writes <= 32,
+# hostile input may write millions.
+_MAX_PAIRS = 64
+_INF = math.inf
+_KINDS: dict[Any, str] = {kind: kind for kind in semconv.STAGE_KINDS}
+# Strings up to this length are shared (a prompt in an attribute is not); the table of shared
+# strings is bounded and cleared when full (sys.intern's table never shrinks).
+_SHARE_MAX_CHARS = 200
+_SHARED: dict[str, str] = {}
+_SHARED_MAX = 8192
+_BY_START = attrgetter("start_ns", "span_id")
+
+#: Attributes whose values assembly decodes into record fields (see :func:`compact`).
+DECODED_KEYS = frozenset(
+    {
+        semconv.STAGE, semconv.STAGE_KIND, semconv.WALL_MS, semconv.CPU_MS, semconv.WAIT_MS,
+        semconv.LOOP_WAIT_MS, semconv.CHILDREN_MS, semconv.MAX_BLOCK_MS, semconv.ON_LOOP,
+        semconv.BLOCKED_AT, semconv.CODE_FUNCTION, semconv.CODE_NAMESPACE,
+        semconv.LOOP_SLICES_US, semconv.LOOP_WAITS_US, semconv.MODEL_WAIT_MS,
+        semconv.IO_WAIT_MS, semconv.OVERHEAD_MS, semconv.TTFB_MS, semconv.TTFT_MS,
+        semconv.ITL_P50_MS, semconv.ITL_P95_MS, semconv.ITL_MAX_MS, semconv.TPOT_MS,
+        semconv.CHUNKS, semconv.INFLIGHT,
+    }
+)  # fmt: skip
+
+
+def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestRecord]:
+    """Build the requests of one trace (or trace fragment).
+
+    Args:
+        spans: the spans of one trace, in any order.
+        late: the spans are a fragment that arrived after the trace was flushed: only SERVER
+            spans become requests.
+
+    Returns:
+        The requests, in the order of their spans' start times.
+
+    Cost: linear in the spans, plus sorting each request's stages.
+    """
+    by_id: dict[str, Span] = {}
+    for span in spans:
+        by_id.setdefault(span.span_id, span)
+    children: dict[str, list[Span]] = {}
+    roots: list[Span] = []
+    for span in by_id.values():
+        parent = span.parent_id
+        if parent is None or parent == span.span_id or parent not in by_id:
+            roots.append(span)
+        else:
+            siblings = children.get(parent)
+            if siblings is None:
+                children[parent] = [span]
+            else:
+                siblings.append(span)
+    heads = [s for s in by_id.values() if s.kind == "server"]
+    if not heads and not late:
+        # Pure cycles have no root at all: the earliest span stands in for one.
+        heads = roots or [min(by_id.values(), key=_BY_START)]
+    if len(heads) > 1:
+        heads.sort(key=_BY_START)
+    return [_request(head, children) for head in heads]
+
+
+def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:
+    stages: list[StageRecord] = []
+    visited = {head.span_id}
+    stack = list(children.get(head.span_id, ()))
+    while stack:
+        span = stack.pop()
+        if span.span_id in visited or span.kind == "server":
+            continue
+        visited.add(span.span_id)
+        stages.append(stage_record(span))
+        below = children.get(span.span_id)
+        if below:
+            stack.extend(below)
+    stages.sort(key=_BY_START)
+    return request_record(head, stages)
+
+
+def stage_record(span: Span) -> StageRecord:
+    """Convert one descendant span of a request into a :class:`StageRecord`.
+
+    Args:
+        span: a tracekit stage span (``tracekit.stage`` present) or any plain span.
+
+    Returns:
+        For a stage span: name and kind from ``tracekit.stage``/``tracekit.stage.kind``, the
+        components and loop slices/waits from its ``tracekit.*`` attributes. For a plain span:
+        name = span name, kind = span kind, components ``None``.
+    """
+    a = span.attributes
+    get = a.get
+    start = span.start_ns
+    end_ns = span.end_ns if span.end_ns > start else start
+    stage_name = get(semconv.STAGE)
+    if stage_name is None:
+        return StageRecord(
+            share(span.name), span.kind, span.span_id, span.parent_id, start, end_ns, span.kind,
+            (end_ns - start) / 1e6,
+            code_function=_text(get(semconv.CODE_FUNCTION)),
+            code_namespace=_text(get(semconv.CODE_NAMESPACE)),
+            attributes=a,
+        )  # fmt: skip
+    if type(stage_name) is not str:
+        stage_name = str(stage_name)
+    name = _SHARED.get(stage_name) or share(stage_name)
+    # The semconv constant itself, so that every record shares one string object.
+    kind = get(semconv.STAGE_KIND)
+    kind = (
+        (_KINDS.get(kind) if type(kind) is str else None) or _KINDS.get(name) or semconv.KIND_OTHER
+    )
+    # Hot path (one call per stage span): the common well-formed float is taken inline,
+    # anything else goes through _ms.
+    v = get(semconv.WALL_MS)
+    wall = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+    v = get(semconv.CPU_MS)
+    cpu = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+    v = get(semconv.WAIT_MS)
+    wait = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+    v = get(semconv.LOOP_WAIT_MS)
+    loop_wait = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+    v = get(semconv.CHILDREN_MS)
+    children = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+    v = get(semconv.MAX_BLOCK_MS)
+    max_block = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+    v = get(semconv.ON_LOOP)
+    on_loop = v if type(v) is bool else _flag(v)
+    v = get(semconv.LOOP_SLICES_US)
+    slices = decode_pairs(v, start) if v is not None else []
+    v = get(semconv.LOOP_WAITS_US)
+    waits = decode_pairs(v, start) if v is not None else []
+    v = get(semconv.BLOCKED_AT)
+    blocked_at = (_SHARED.get(v) or share(v)) if type(v) is str and v else None
+    v = get(semconv.CODE_FUNCTION)
+    function = (_SHARED.get(v) or share(v)) if type(v) is str and v else None
+    v = get(semconv.CODE_NAMESPACE)
+    namespace = (_SHARED.get(v) or share(v)) if type(v) is str and v else None
+    return StageRecord(
+        name, kind, span.span_id, span.parent_id, start, end_ns, span.kind,
+        (end_ns - start) / 1e6 if wall is None else wall,
+        cpu, wait, loop_wait, children, max_block, on_loop, blocked_at, function, namespace,
+        slices, waits, a,
+    )  # fmt: skip
+
+
+def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
+    """Convert a request's head span and its stages into a :class:`RequestRecord`.
+
+    Args:
+        span: the SERVER (or top-most) span.
+        stages: its stages, as :func:`stage_record` made them.
+
+    Returns:
+        The record; ``instrumented`` is true when the span or any stage carries ``tracekit.*``
+        attributes.
+    """
+    a = span.attributes
+    get = a.get
+    instrumented = not _TRACEKIT_KEYS.isdisjoint(a) or any(
+        s.cpu_ms is not None or s.wait_ms is not None for s in stages
+    )
+    status = _status(a)
+    start = span.start_ns
+    v = get(semconv.LOOP_SLICES_US)
+    slices = decode_pairs(v, start) if v is not None else []
+    v = get(semconv.LOOP_WAITS_US)
+    waits = decode_pairs(v, start) if v is not None else []
+    route = route_of(span)
+    return RequestRecord(
+        span.trace_id, span.span_id, span.service, _SHARED.get(route) or share(route),
+        start, span.end_ns if span.end_ns > start else start,
+        status, span.error or (status is not None and status >= 500), instrumented,
+        _ms(get(semconv.CPU_MS)), _ms(get(semconv.LOOP_WAIT_MS)), _ms(get(semconv.MODEL_WAIT_MS)),
+        _ms(get(semconv.IO_WAIT_MS)), _ms(get(semconv.OVERHEAD_MS)),
+        _ms(get(semconv.MAX_BLOCK_MS)), _text(get(semconv.BLOCKED_AT)),
+        _ms(get(semconv.TTFB_MS)), _ms(get(semconv.TTFT_MS)), _ms(get(semconv.ITL_P50_MS)),
+        _ms(get(semconv.ITL_P95_MS)), _ms(get(semconv.ITL_MAX_MS)), _ms(get(semconv.TPOT_MS)),
+        _count(get(semconv.CHUNKS)), _count(get(semconv.INFLIGHT)),
+        slices, waits, stages, a,
+    )  # fmt: skip
+
+
+def compact(req: RequestRecord) -> RequestRecord:
+    """Drop the attributes already decoded into fields, in place, to keep a record cheaply.
+
+    A stage span's attribute map is mostly ``tracekit.*`` values that assembly has already
+    decoded; a kept request sample (20,000 requests) would otherwise hold them all twice.
+
+    Args:
+        req: a record made by assembly.
+
+    Returns:
+        ``req``, whose and whose stages' ``attributes`` now hold only the other attributes.
+    """
+    req.attributes = _kept(req.attributes)
+    for stage in req.stages:
+        stage.attributes = _kept(stage.attributes)
+    return req
+
+
+def _kept(attributes: dict[str, Any]) -> dict[str, Any]:
+    if attributes.keys() <= DECODED_KEYS:
+        return {}  # a tracekit stage span: every attribute is a record field
+    return {
+        k: share(v) if type(v) is str else v
+        for k, v in attributes.items()
+        if k not in DECODED_KEYS
+    }
+
+
+def route_of(span: Span) -> str:
+    """The route a request span belongs to.
+
+    Args:
+        span: a request's head span.
+
+    Returns:
+        ``"METHOD /route"`` from ``http.route`` and the request method (new or old attribute
+        name); the span name when it already ends with the route (``POST /api`` named spans
+        without a method attribute); the bare route; else the span name.
+    """
+    a = span.attributes
+    route = a.get(semconv.HTTP_ROUTE)
+    if not isinstance(route, str) or not route:
+        return span.name
+    method = a.get(semconv.HTTP_REQUEST_METHOD) or a.get(semconv.HTTP_METHOD_OLD)
+    if isinstance(method, str) and method:
+        return f"{method} {route}"
+    return span.name if span.name.endswith(route) else route
+
+
+def decode_pairs(value: Any, base_ns: int) -> list[tuple[int, int]]:
+    """Decode a ``[offset_us, duration_us, ...]`` array into absolute ``(start_ns, end_ns)``.
+
+    Args:
+        value: the attribute value: a list of ints, or its JSON text (Jaeger stringifies
+            arrays); anything else decodes to nothing.
+        base_ns: the span's start, which the offsets are relative to.
+
+    Returns:
+        At most 64 intervals; pairs with a non-integer or negative member are skipped.
+    """
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return []
+    if not isinstance(value, (list, tuple)):
+        return []
+    out: list[tuple[int, int]] = []
+    for i in range(0, min(len(value) - 1, 2 * _MAX_PAIRS), 2):
+        offset, duration = value[i], value[i + 1]
+        if type(offset) is not int or type(duration) is not int or offset < 0 or duration < 0:
+            continue
+        start = base_ns + offset * 1000
+        out.append((start, start + duration * 1000))
+    return out
+
+
+def _ms(value: Any) -> float | None:
+    if value is None:
+        return None
+    # Only real numbers (bools are ints in Python); numeric text is accepted because some
+    # Jaeger exports type every tag as a string. NaN/inf are corrupt input: unknown.
+    if type(value) is float or type(value) is int:
+        number = float(value)
+    elif isinstance(value, str) and 0 < len(value) <= 32:
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return max(number, 0.0) if math.isfinite(number) else None
+
+
+def _count(value: Any) -> int | None:
+    if type(value) is int and value >= 0:
+        return value
+    if type(value) is float and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def _flag(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if value == "true" or value == "false":  # Jaeger exports with every tag typed string
+        return bool(value == "true")
+    return None
+
+
+def _text(value: Any) -> str | None:
+    return (_SHARED.get(value) or share(value)) if type(value) is str and value else None
+
+
+def share(text: str) -> str:
+    """One shared string object per distinct short text (names, kinds, code locations).
+
+    They repeat on every request: one shared string each instead of one per span keeps the
+    20,000-request sample small (~1 kB per request). Cost: one dict lookup.
+    """
+    if len(text) > _SHARE_MAX_CHARS:
+        return text
+    shared = _SHARED.get(text)
+    if shared is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        shared = _SHARED[text] = text
+    return shared
+
+
+def _status(a: dict[str, Any]) -> int | None:
+    value = a.get(semconv.HTTP_RESPONSE_STATUS_CODE, a.get(semconv.HTTP_STATUS_CODE_OLD))
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.isdigit() and len(value) <= 3:
+        return int(value)
+    return None
