@@ -95,8 +95,7 @@ def test_a_fix_reuses_the_nodes_it_does_not_touch() -> None:
     memo = ProgramMemo()
     baseline = ProgramBuilder(req, 0, None, None, memo).program()
     model = next(s for s in req.stages if s.name == "model")
-    kept = memo.plans[id(model)].items
-    assert kept is not None
+    kept = memo.items[id(model)]
     fixed = ProgramBuilder(req, 0, Fix("thread", ROUTE, "tokenize"), None, memo).program()
     assert fixed != baseline
-    assert memo.plans[id(model)].items is kept  # the model stage's program was reused
+    assert memo.items[id(model)] is kept  # the model stage's program was reused

@@ -73,42 +73,43 @@ _ROOT = 0  # the memo key of the request's own node (stages are keyed by id(), n
 
 
 class _Block:
-    """A piece of a node's timeline: a gap's nodes, or a cluster of child stages, built on
-    first use from ``args`` (the arguments of ``ProgramBuilder._cluster``)."""
+    """A piece of a node's timeline: a gap (``items``), one child stage's program (``tag``;
+    ``items`` once built without a fix touching it), or a cluster of overlapping children
+    (``args``: the arguments of ``ProgramBuilder._cluster``; ``items`` likewise)."""
 
-    __slots__ = ("args", "items", "members", "tag")
+    __slots__ = ("args", "items", "tag")
 
     def __init__(self, tag: StageRecord | None, items: list[Node] | None, args: Any = None):
-        self.tag = tag  # the child stage when the block is exactly one child's program
+        self.tag = tag
         self.items = items
         self.args = args
-        self.members: list[StageRecord] = args[2] if args is not None else []
 
 
 class _Plan:
-    """A node cut into blocks (``leaf``: a leaf's whole program), and its finished program
-    once built without a fix touching it (``items``)."""
+    """A node cut into blocks; a leaf's whole program (``leaf``) instead."""
 
-    __slots__ = ("blocks", "consumer", "items", "leaf")
+    __slots__ = ("blocks", "clustered", "consumer", "leaf")
 
     def __init__(self, blocks: list[_Block], consumer: float, leaf: list[Node] | None = None):
         self.blocks = blocks
         self.consumer = consumer
         self.leaf = leaf
-        self.items: list[Node] | None = None
+        self.clustered = any(b.tag is not None or b.args is not None for b in blocks)
 
 
 class ProgramMemo:
     """The parts of one request's program, kept between the replays of a sample.
 
-    Holds the stage tree and, per node, its :class:`_Plan` built without a fix. Cost:
-    memory of the order of the program itself, per request kept.
+    Holds the stage tree, every node's program as built without a fix (``items``), and the
+    plans of the nodes with children (``plans``), which a fix touching a child reassembles.
+    Cost: memory of the order of twice the program, per request kept.
     """
 
-    __slots__ = ("plans", "tree")
+    __slots__ = ("items", "plans", "tree")
 
     def __init__(self) -> None:
         self.tree: StageTree | None = None
+        self.items: dict[int, list[Node]] = {}
         self.plans: dict[int, _Plan] = {}
 
 
@@ -194,15 +195,19 @@ class ProgramBuilder:
         if memo is None or targeted:
             return self._assemble(stage, self._plan(*args, targeted))
         key = _ROOT if stage is None else id(stage)
+        clean = key not in self._touched
+        if clean:
+            hit = memo.items.get(key)
+            if hit is not None:
+                return hit
         plan = memo.plans.get(key)
         if plan is None:
-            plan = memo.plans[key] = self._plan(*args, False)
-        clean = key not in self._touched
-        if clean and plan.items is not None:
-            return plan.items
+            plan = self._plan(*args, False)
+            if plan.clustered:  # a plan without children is cheap to make again
+                memo.plans[key] = plan
         items = self._assemble(stage, plan)
         if clean:
-            plan.items = items
+            memo.items[key] = items
         return items
 
     def _plan(
@@ -275,9 +280,11 @@ class ProgramBuilder:
             else:
                 inside = [(max(p[0], a), min(p[1], b)) for p in slices if p[0] < b and p[1] > a]
                 here = [r for r in resumes if a < r[0] < b]
-                alone = len(members) == 1 and not inside and not here
-                args = (a, b, members, inside, here, waits, gil_share, targeted)
-                blocks.append(_Block(members[0] if alone else None, None, args))
+                if len(members) == 1 and not inside and not here:
+                    blocks.append(_Block(members[0], None))  # exactly the child's program
+                else:
+                    args = (a, b, members, inside, here, waits, gil_share, targeted)
+                    blocks.append(_Block(None, None, args))
         return _Plan(blocks, consumer)
 
     def _assemble(self, stage: StageRecord | None, plan: _Plan) -> list[Node]:
@@ -287,12 +294,15 @@ class ProgramBuilder:
         touched = self._touched
         blocks: list[tuple[StageRecord | None, list[Node]]] = []
         for block in plan.blocks:
-            items = block.items
-            if items is None or (touched and any(id(m) in touched for m in block.members)):
-                items = self._cluster(*block.args)
-                if not any(id(m) in touched for m in block.members):
-                    block.items = items
-            blocks.append((block.tag, items))
+            items, tag, args = block.items, block.tag, block.args
+            if tag is not None or args is not None:  # child stages: reuse unless touched
+                members = args[2] if args is not None else [tag]
+                dirty = bool(touched) and any(id(m) in touched for m in members)
+                if items is None or dirty:
+                    items = self._child(tag) if tag is not None else self._cluster(*args)
+                    if not dirty:
+                        block.items = items
+            blocks.append((tag, items or []))
         blocks = restructure(self.fix, blocks)
         blocks = trim_before_outside_queues(self.model_calls, blocks)
         return absorb(merge_loops([node for _, items in blocks for node in items]), plan.consumer)
