@@ -360,3 +360,16 @@ def test_the_replay_window_extends_until_rare_routes_have_enough_requests() -> N
     replayer = Replayer(replace(config, thread_pool_size=4, cores=2))
     replayer.validate(reqs)
     assert replayer._reqs == reqs[:n]
+
+
+def test_stability_replays_exactly_the_earliest_n_requests() -> None:
+    from tracekit.analysis._replay_stability import stability
+
+    records = _jittered_tokenize_trace(seed=3)[:120]
+    full, part = stability(records, [len(records), 60])
+    assert full["validation"] == Replayer(ReplayConfig()).validate(records).to_dict()
+    sixty = ReplayConfig(max_requests=60, max_window=60)  # exactly 60: no route extension
+    assert part["validation"] == Replayer(sixty).validate(records).to_dict()
+    assert part["validation"] != full["validation"]
+    assert Replayer(ReplayConfig(max_requests=60)).validate(records).to_dict() == full["validation"]
+    assert [f[:3] for f in part["findings"]] == [f[:3] for f in full["findings"]]
