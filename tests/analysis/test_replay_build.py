@@ -66,6 +66,7 @@ FIXES = [
     Fix("process", ROUTE, None),
     Fix("shrink", ROUTE, "serialize", factor=0.05),
     Fix("gather", ROUTE, "guardrail", other="model"),
+    Fix("gather", ROUTE, "tokenize", other="guardrail"),  # inside the handler stage
     Fix("fanout", ROUTE, "lookup"),
     Fix("thread", ROUTE, "handler"),
     Fix("thread", "GET /other", "tokenize"),

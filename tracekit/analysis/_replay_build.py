@@ -145,7 +145,8 @@ class ProgramBuilder:
         self.model_calls = model_calls or {}
         # Duplicate span ids (hostile input) make parent links ambiguous: no reuse.
         self._memo = memo if len(self.tree.by_id) == len(req.stages) else None
-        self._touched = self._touched_nodes() if self._memo is not None else set()
+        no_reuse: tuple[set[int], set[int]] = (set(), set())
+        self._touched, self._dirty = self._touched_nodes() if self._memo is not None else no_reuse
 
     def program(self) -> list[Node]:
         """The request's program."""
@@ -160,22 +161,32 @@ class ProgramBuilder:
             items = [(LOOP, 0.0, 0.0), *items]
         return items
 
-    def _touched_nodes(self) -> set[int]:
-        """Keys of the nodes whose program the fix or the model calls change: the stages
-        they name and every ancestor (conservative: a restructuring fix changes the parent)."""
-        fix = self.fix
-        names = {fix.stage, fix.other} if fix is not None else set()
-        marked = [s for s in self.req.stages if s.name in names or s.span_id in self.model_calls]
-        out: set[int] = set()
-        by_id = self.tree.by_id
-        for stage in marked:
-            node: StageRecord | None = stage
-            while node is not None and id(node) not in out:
-                out.add(id(node))
-                node = by_id.get(node.parent_id) if node.parent_id is not None else None
-        if marked or targets(self.fix, None):
-            out.add(_ROOT)
-        return out
+    def _touched_nodes(self) -> tuple[set[int], set[int]]:
+        """Keys of the nodes whose own program the fix or the model calls change (a stage
+        the fix moves or shrinks, the parent whose children it restructures or whose child
+        holds a model call, and their ancestors), and of the children whose program *as a
+        child* changes (those, and the held model calls)."""
+        fix, stages, by_id = self.fix, self.req.stages, self.tree.by_id
+
+        def parent(stage: StageRecord) -> StageRecord | None:
+            pid = stage.parent_id
+            return by_id.get(pid) if pid is not None and pid != stage.span_id else None
+
+        calls = [s for s in stages if s.span_id in self.model_calls]
+        seeds: list[StageRecord | None] = [parent(s) for s in calls]
+        if fix is not None and fix.action in ("gather", "fanout"):
+            seeds += [parent(s) for s in stages if s.name == fix.stage]
+        else:
+            seeds += [s for s in stages if targets(fix, s)]
+        touched: set[int] = set()
+        for seed in seeds:
+            node = seed
+            while node is not None and id(node) not in touched:
+                touched.add(id(node))
+                node = parent(node)
+        if seeds or targets(fix, None):
+            touched.add(_ROOT)
+        return touched, touched | {id(s) for s in calls}
 
     # --- nodes ----------------------------------------------------------------------------
     def _node(
@@ -291,13 +302,13 @@ class ProgramBuilder:
         """The node's program from its plan, with the fix's restructuring and model calls."""
         if plan.leaf is not None:
             return plan.leaf
-        touched = self._touched
+        dirty_children = self._dirty
         blocks: list[tuple[StageRecord | None, list[Node]]] = []
         for block in plan.blocks:
             items, tag, args = block.items, block.tag, block.args
             if tag is not None or args is not None:  # child stages: reuse unless touched
                 members = args[2] if args is not None else [tag]
-                dirty = bool(touched) and any(id(m) in touched for m in members)
+                dirty = bool(dirty_children) and any(id(m) in dirty_children for m in members)
                 if items is None or dirty:
                     items = self._child(tag) if tag is not None else self._cluster(*args)
                     if not dirty:
