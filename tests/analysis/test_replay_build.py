@@ -7,8 +7,9 @@ import random
 import pytest
 
 from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
-from tracekit.analysis._replay_build import ProgramBuilder, ProgramMemo
+from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import ModelCall
+from tracekit.analysis._replay_memo import ProgramMemo
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord
 

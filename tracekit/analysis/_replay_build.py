@@ -32,7 +32,6 @@ from typing import Any
 
 from tracekit.analysis._intervals import Interval, StageTree, merge, overlap, subtract
 from tracekit.analysis._replay_fixes import (
-    PROCESSES,
     THREADS,
     ModelCall,
     loop_node,
@@ -40,6 +39,7 @@ from tracekit.analysis._replay_fixes import (
     targets,
     trim_before_outside_queues,
 )
+from tracekit.analysis._replay_memo import ROOT, Block, Plan, ProgramMemo, touched_nodes
 from tracekit.analysis._replay_nodes import (
     MS,
     TINY_MS,
@@ -50,7 +50,6 @@ from tracekit.analysis._replay_nodes import (
     gaps,
     has_components,
     hold_largest_delay,
-    is_model_stage,
     merge_loops,
     resumptions,
     shrink_largest_delay,
@@ -58,59 +57,6 @@ from tracekit.analysis._replay_nodes import (
 from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, PAR, Node
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord, StageRecord
-
-__all__ = [
-    "PROCESSES",
-    "THREADS",
-    "ModelCall",
-    "ProgramBuilder",
-    "ProgramMemo",
-    "has_components",
-    "is_model_stage",
-]
-
-_ROOT = 0  # the memo key of the request's own node (stages are keyed by id(), never 0)
-
-
-class _Block:
-    """A piece of a node's timeline: a gap (``items``), one child stage's program (``tag``;
-    ``items`` once built without a fix touching it), or a cluster of overlapping children
-    (``args``: the arguments of ``ProgramBuilder._cluster``; ``items`` likewise)."""
-
-    __slots__ = ("args", "items", "tag")
-
-    def __init__(self, tag: StageRecord | None, items: list[Node] | None, args: Any = None):
-        self.tag = tag
-        self.items = items
-        self.args = args
-
-
-class _Plan:
-    """A node cut into blocks; a leaf's whole program (``leaf``) instead."""
-
-    __slots__ = ("blocks", "clustered", "consumer", "leaf")
-
-    def __init__(self, blocks: list[_Block], consumer: float, leaf: list[Node] | None = None):
-        self.blocks = blocks
-        self.consumer = consumer
-        self.leaf = leaf
-        self.clustered = any(b.tag is not None or b.args is not None for b in blocks)
-
-
-class ProgramMemo:
-    """The parts of one request's program, kept between the replays of a sample.
-
-    Holds the stage tree, every node's program as built without a fix (``items``), and the
-    plans of the nodes with children (``plans``), which a fix touching a child reassembles.
-    Cost: memory of the order of twice the program, per request kept.
-    """
-
-    __slots__ = ("items", "plans", "tree")
-
-    def __init__(self) -> None:
-        self.tree: StageTree | None = None
-        self.items: dict[int, list[Node]] = {}
-        self.plans: dict[int, _Plan] = {}
 
 
 class ProgramBuilder:
@@ -146,7 +92,9 @@ class ProgramBuilder:
         # Duplicate span ids (hostile input) make parent links ambiguous: no reuse.
         self._memo = memo if len(self.tree.by_id) == len(req.stages) else None
         no_reuse: tuple[set[int], set[int]] = (set(), set())
-        self._touched, self._dirty = self._touched_nodes() if self._memo is not None else no_reuse
+        self._touched, self._dirty = (
+            touched_nodes(self.tree, self.fix, self.model_calls) if self._memo is not None else no_reuse
+        )
 
     def program(self) -> list[Node]:
         """The request's program."""
@@ -161,32 +109,6 @@ class ProgramBuilder:
             items = [(LOOP, 0.0, 0.0), *items]
         return items
 
-    def _touched_nodes(self) -> tuple[set[int], set[int]]:
-        """Keys of the nodes whose own program the fix or the model calls change (a stage
-        the fix moves or shrinks, the parent whose children it restructures or whose child
-        holds a model call, and their ancestors), and of the children whose program *as a
-        child* changes (those, and the held model calls)."""
-        fix, stages, by_id = self.fix, self.req.stages, self.tree.by_id
-
-        def parent(stage: StageRecord) -> StageRecord | None:
-            pid = stage.parent_id
-            return by_id.get(pid) if pid is not None and pid != stage.span_id else None
-
-        calls = [s for s in stages if s.span_id in self.model_calls]
-        seeds: list[StageRecord | None] = [parent(s) for s in calls]
-        if fix is not None and fix.action in ("gather", "fanout"):
-            seeds += [parent(s) for s in stages if s.name == fix.stage]
-        else:
-            seeds += [s for s in stages if targets(fix, s)]
-        touched: set[int] = set()
-        for seed in seeds:
-            node = seed
-            while node is not None and id(node) not in touched:
-                touched.add(id(node))
-                node = parent(node)
-        if seeds or targets(fix, None):
-            touched.add(_ROOT)
-        return touched, touched | {id(s) for s in calls}
 
     # --- nodes ----------------------------------------------------------------------------
     def _node(
@@ -205,7 +127,7 @@ class ProgramBuilder:
         memo = self._memo
         if memo is None or targeted:
             return self._assemble(stage, self._plan(*args, targeted))
-        key = _ROOT if stage is None else id(stage)
+        key = ROOT if stage is None else id(stage)
         clean = key not in self._touched
         if clean:
             hit = memo.items.get(key)
@@ -232,13 +154,13 @@ class ProgramBuilder:
         max_block_ms: float | None,
         consumer: float,
         targeted: bool,
-    ) -> _Plan:
+    ) -> Plan:
         end = max(end, start)
         kids = [k for k in self.tree.kids(stage) if k.start_ns < end and k.end_ns > start]
         if not kids and not slices and not (max_block_ms and max_block_ms > cpu_ms):
             # A leaf with no recorded slices (the common case): its CPU, then its waits.
             leaf = absorb(self._leaf(start, end, cpu_ms, waits, targeted), consumer)
-            return _Plan([], consumer, leaf)
+            return Plan([], consumer, leaf)
         slices = [(max(a, start), min(b, end)) for a, b in slices if min(b, end) > max(a, start)]
         if not slices and max_block_ms and max_block_ms > cpu_ms and stage is not None:
             # No recorded slices (another producer): one blocking slice at the start.
@@ -251,11 +173,11 @@ class ProgramBuilder:
             free_ns = max(0, (end - start) - overlap(start, end, waits))
             first = []
             if free_ns <= 0 and leftover > 0:
-                first.append(_Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
+                first.append(Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
             share = leftover * free_ns / free_ns if free_ns > 0 else 0.0
             pieces = [p for p in slices if start <= p[0] < end]
             items = self._gap(start, end, pieces, waits, gil_share, share, targeted)
-            return _Plan([*first, _Block(None, items)], consumer)
+            return Plan([*first, Block(None, items)], consumer)
         runs = clusters(kids, start, end)
         spans = [(a, b) for a, b, _ in runs]
         gap_list = gaps(spans, start, end)
@@ -272,9 +194,9 @@ class ProgramBuilder:
             per = leftover / (steps + used)
             resumes = [(t, per) for t, _ in resumes]
             leftover -= per * len(resumes)
-        blocks: list[_Block] = []
+        blocks: list[Block] = []
         if gap_total <= 0 and leftover > 0:
-            blocks.append(_Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
+            blocks.append(Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
         gap_slices = subtract(slices, spans) if spans else slices
         # Gaps and clusters alternate: gap, cluster, gap, ..., cluster, gap.
         sequence: list[tuple[int, int, list[StageRecord] | None]] = [(*gap_list[0], None)]
@@ -287,18 +209,18 @@ class ProgramBuilder:
                 gap_index += 1
                 pieces = [p for p in gap_slices if a <= p[0] < b]
                 items = self._gap(a, b, pieces, waits, gil_share, share, targeted)
-                blocks.append(_Block(None, items))
+                blocks.append(Block(None, items))
             else:
                 inside = [(max(p[0], a), min(p[1], b)) for p in slices if p[0] < b and p[1] > a]
                 here = [r for r in resumes if a < r[0] < b]
                 if len(members) == 1 and not inside and not here:
-                    blocks.append(_Block(members[0], None))  # exactly the child's program
+                    blocks.append(Block(members[0], None))  # exactly the child's program
                 else:
                     args = (a, b, members, inside, here, waits, gil_share, targeted)
-                    blocks.append(_Block(None, None, args))
-        return _Plan(blocks, consumer)
+                    blocks.append(Block(None, None, args))
+        return Plan(blocks, consumer)
 
-    def _assemble(self, stage: StageRecord | None, plan: _Plan) -> list[Node]:
+    def _assemble(self, stage: StageRecord | None, plan: Plan) -> list[Node]:
         """The node's program from its plan, with the fix's restructuring and model calls."""
         if plan.leaf is not None:
             return plan.leaf

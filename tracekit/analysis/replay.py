@@ -29,8 +29,9 @@ from typing import Any
 
 from tracekit.analysis._intervals import percentile
 from tracekit.analysis._model_calls import model_calls
-from tracekit.analysis._replay_build import ProgramBuilder, ProgramMemo
+from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall
+from tracekit.analysis._replay_memo import ProgramMemo
 from tracekit.analysis._replay_run import Loops, Run, errors, figures, multi_loop_reason, simulate
 from tracekit.analysis._replay_sim import Node
 from tracekit.analysis.findings import Fix, default_thread_pool_size

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from tracekit.analysis._intervals import function_of, percentile
 from tracekit.analysis._model_calls import CallTiming, model_calls
-from tracekit.analysis._replay_build import is_model_stage
+from tracekit.analysis._replay_nodes import is_model_stage
 from tracekit.analysis.findings import Finding, Fix, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import _fixes
