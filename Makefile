@@ -3,31 +3,41 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NATIVE := $(VENV)/.compiled
+# The modules mypyc compiles (tracekit/_native.py's COMPILED): rebuilt when one changes.
+NATIVE_SOURCES := $(patsubst %,tracekit/%.py,$(shell sed -n '/^COMPILED = (/,/^)/p' tracekit/_native.py | grep -o '"[a-z_]*"' | tr -d '"'))
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench build clean
 
-$(STAMP): pyproject.toml constraints.txt
+# The editable install compiles the hot path in place (setup.py) with the pinned mypyc.
+$(STAMP): pyproject.toml constraints.txt setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(NATIVE)
 
-demo: $(STAMP)
+$(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace
+	touch $(NATIVE)
+
+build: $(NATIVE)  ## (re)compile the hot path after editing it
+
+demo: $(NATIVE)
 	$(BIN)/python examples/gateway_under_load.py
 
-test: $(STAMP)  ## lint (ruff), type-check (mypy strict), then the whole test suite
+test: $(NATIVE)  ## lint (ruff), type-check (mypy strict), then the whole test suite
 	bash scripts/ensure-chromium
-	$(BIN)/ruff check -q tracekit integrations tests bench examples
+	$(BIN)/ruff check -q tracekit integrations tests bench examples setup.py
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check tracekit integrations tests bench examples
+	$(BIN)/ruff check tracekit integrations tests bench examples setup.py
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(NATIVE)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/analyze_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info *__mypyc*.so tracekit/*.so

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.config import configure
-from tracekit.middleware import TracekitMiddleware
-from tracekit.recording import record
-from tracekit.stage import stage
+from tracekit import _native
+
+_native.load()  # compiled modules or their sources: decided before any is imported
+
+from tracekit.config import configure  # noqa: E402
+from tracekit.middleware import TracekitMiddleware  # noqa: E402
+from tracekit.recording import record  # noqa: E402
+from tracekit.stage import stage  # noqa: E402
 
 __all__ = ["TracekitMiddleware", "analyze", "configure", "record", "stage"]
 

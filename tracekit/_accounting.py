@@ -1,8 +1,8 @@
 """The ledger: where a stage's (or a request's own) wall time went (DESIGN §1).
 
 A :class:`Ledger` is filled step by step on the hot path with integer nanoseconds and plain
-counters; nothing here touches OpenTelemetry. :func:`components` turns a closed ledger into
-the ``tracekit.*`` millisecond figures, off the hot path.
+counters; nothing here touches OpenTelemetry. :func:`split` turns a closed ledger into its
+components, off the hot path.
 
 Split of a ledger's wall time, each nanosecond counted once::
 
@@ -18,21 +18,60 @@ Split of a ledger's wall time, each nanosecond counted once::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from tracekit import _clock, _loop
+from tracekit import _clock, _loop, semconv
 
-MS = 1e6
-SLICE_NOTE_NS = 1_000_000  # slices/waits at least this long are kept for the loop timeline
-MAX_NOTES = 32  # per ledger; the longest are kept
+if TYPE_CHECKING:
+    from tracekit._request import Request
+
+MS: Final = 1e6
+SLICE_NOTE_NS: Final = 1_000_000  # slices/waits at least this long are kept for the loop timeline
+MAX_NOTES: Final = 32  # per ledger; the longest are kept
+
+
+class Site:
+    """What a ledger accounts for: a stage (name, kind, the wrapped callable), or a request's
+    own code. Made once per decorated function or ``Stage``, shared by all their ledgers.
+
+    Attributes:
+        template: its spans' attributes, to copy: the fixed ones (stage name and kind, code
+            location), then the figures every stage span has, as placeholders (a copy of a
+            dict is much cheaper than building one key by key).
+    """
+
+    __slots__ = ("function", "kind", "name", "namespace", "template")
+
+    def __init__(self, name: str, kind: str, function: str | None = None,
+                 namespace: str | None = None) -> None:  # fmt: skip
+        self.name = name
+        self.kind = kind
+        self.function = function
+        self.namespace = namespace
+        template: dict[str, Any] = {semconv.STAGE: name, semconv.STAGE_KIND: kind}
+        if function:
+            template[semconv.CODE_FUNCTION] = function
+            if namespace:
+                template[semconv.CODE_NAMESPACE] = namespace
+        for key in (semconv.WALL_MS, semconv.CPU_MS, semconv.WAIT_MS, semconv.LOOP_WAIT_MS,
+                    semconv.MAX_BLOCK_MS):  # fmt: skip
+            template[key] = 0.0
+        template[semconv.ON_LOOP] = False
+        template[semconv.STEPS] = 0
+        self.template = template
+
+
+REQUEST: Final = Site("request", "request")  # the site of every request's root ledger
 
 
 class Ledger:
-    """Accounting for one stage (or the request's own code, ``kind="request"``).
+    """Accounting for one stage (or the request's own code: ``site is REQUEST``).
 
-    Fields set on every ledger are slots; rarely used ones (notes, watchdog catches, extra
-    attributes, errors, generator timing) default to the class attributes below and get an
-    instance value only when used, so creating a ledger stays cheap.
+    Creating one is on the hot path (once per stage call), so ``__init__`` sets only what is
+    read before it is written: ``step_t0``, ``step_c0``, ``nested_cpu`` and ``prev_top`` are
+    first written by :func:`step_begin`. Rarely used
+    fields (notes, watchdog catches, extra attributes, errors, generator timing) default to
+    the class attributes below and get an instance value only when used.
     """
 
     __slots__ = (
@@ -42,23 +81,29 @@ class Ledger:
         "cpu_off",
         "cpu_on",
         "end",
-        "function",
-        "kind",
         "loop_wait",
         "max_block",
-        "name",
-        "namespace",
         "nested_cpu",
         "parent",
         "prev_top",
         "request",
+        "site",
         "span_id",
         "start",
+        "state",
         "step_c0",
         "step_t0",
         "steps",
         "suspended_at",
+        "token",
     )  # fmt: skip
+
+    # Written by step_begin before anything reads them (not initialised by __init__).
+    step_t0: int  # wall ns when the open step began
+    step_c0: int  # thread CPU ns when the open step began
+    nested_cpu: int  # CPU of nested stages' steps inside the open step (subtracted from it)
+    prev_top: Ledger | None  # what was on top of the thread's step stack before this step
+    state: _loop.ThreadState  # the thread a step-taking stage runs on (tracekit._stages)
 
     consumer = 0  # async generators: ns the consumer held yielded items
     slices: list[tuple[int, int]] | None = None  # (start, duration) >= 1 ms, on the loop
@@ -67,25 +112,33 @@ class Ledger:
     attributes: dict[str, Any] | None = None
     error: BaseException | None = None
     first_item = 0  # async generators: wall_ns of the first yielded item
+    otel_token: object = None  # a stage outside any request: its attached OTel context
 
-    def __init__(self, name: str, kind: str, request: Any, parent: Ledger | None,
-                 span_id: int, function: str | None = None,
-                 namespace: str | None = None) -> None:  # fmt: skip
-        self.name = name
-        self.kind = kind
-        self.function = function
-        self.namespace = namespace
+    def __init__(self, site: Site, request: Request | None, parent: Ledger | None, span_id: int,
+                 start: int = 0) -> None:  # fmt: skip
+        self.site = site
         self.request = request
         self.parent = parent
         self.span_id = span_id
-        self.start = _clock.wall_ns()
+        self.start = start or _clock.wall_ns()
         self.end = self.cpu_on = self.cpu_off = self.loop_wait = self.max_block = 0
         self.steps = self.active_children = self.suspended_at = 0
-        self.step_t0 = self.step_c0 = self.nested_cpu = 0
-        self.prev_top: Ledger | None = None
         self.child_spans: list[tuple[int, int]] | None = None  # direct children's (start, end)
+        self.token: Any = None  # the current_ledger token while bound (tracekit._stages)
         if parent is not None:
             parent.active_children += 1
+        if request is not None:
+            request.ledgers.append(self)
+
+    @property
+    def name(self) -> str:
+        """The stage name (``"request"`` for a request's own code)."""
+        return self.site.name
+
+    @property
+    def kind(self) -> str:
+        """The stage kind (``"request"`` for a request's own code)."""
+        return self.site.kind
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Attach an extra attribute to this stage's span (GenAI, tokens, ...)."""
@@ -94,78 +147,84 @@ class Ledger:
         self.attributes[key] = value
 
 
-def step_begin(led: Ledger, state: _loop.ThreadState, now: int) -> None:
-    """Open a step of ``led`` on the thread whose state is ``state``, at wall time ``now``.
+def step_begin(led: Ledger, state: _loop.ThreadState, now: int, cpu: int) -> None:
+    """Open a step of ``led`` on the thread whose state is ``state`` at wall time ``now`` and
+    thread CPU time ``cpu``, nested in the step open there (if any).
 
-    Every step reads the thread's CPU clock at its start and end (a system call each). A
-    cheaper inference of a nested step's start from the enclosing step's reading was tried and
+    Every step boundary reads the thread's CPU clock (a system call): a step begins with the
+    readings that ended the previous one when control switches between ledgers, but a nested
+    step's start is never inferred from the enclosing step's readings. That was tried and
     dropped: on a host short of CPU the enclosing code's wall time is not CPU time, and the
     nested stage was then under-counted (tests/core/test_stage.py, exclusive-CPU test).
     """
-    prev = led.prev_top = state.top
+    led.prev_top = state.top
     state.top = led
     led.nested_cpu = 0
     led.step_t0 = now
-    if prev is None:
-        state.slice_start = now
-        state.seq += 1
-    led.step_c0 = _clock.cpu_ns()
+    led.step_c0 = cpu
 
 
-def step_end(led: Ledger, state: _loop.ThreadState, on_loop: bool) -> int:
-    """Close the open step of ``led``; returns the wall time it ended."""
-    cpu = _clock.cpu_ns() - led.step_c0
-    end = _clock.wall_ns()
-    start = led.step_t0
+def step_end(led: Ledger, state: _loop.ThreadState, now: int, cpu: int, on_loop: bool) -> None:
+    """Close the open step of ``led`` at wall time ``now`` and thread CPU time ``cpu``."""
+    spent = cpu - led.step_c0
     prev = led.prev_top
     state.top = prev
     led.prev_top = None
-    own = cpu - led.nested_cpu
     led.steps += 1
-    if prev is None:
-        state.slice_start = 0
-        if on_loop:
-            _loop.record_slice(state, start, end)
-    else:
-        prev.nested_cpu += cpu
+    if prev is not None:
+        prev.nested_cpu += spent
+    own = spent - led.nested_cpu
     if on_loop:
         led.cpu_on += own
-        held = end - start
+        held = now - led.step_t0
         if held > led.max_block:
             led.max_block = held
         if held >= SLICE_NOTE_NS:
-            led.slices = _note(led.slices, start, held)
+            led.slices = note(led.slices, led.step_t0, held)
     else:
         led.cpu_off += own
-    return end
 
 
-def resume(led: Ledger, state: _loop.ThreadState, awaiting: Any) -> int:
-    """Account a suspended coroutine's resumption; returns the wall time (the step's start)."""
+def switch(state: _loop.ThreadState, outer: Ledger | None, inner: Ledger | None,
+           on_loop: bool) -> int:  # fmt: skip
+    """End ``outer``'s open step and begin ``inner``'s with the same readings (either may be
+    None); returns the wall time. Used where control passes from one ledger's code to
+    another's without leaving the thread: entering and leaving blocks and async stages."""
     now = _clock.wall_ns()
+    cpu = _loop.cpu_now(state, now)
+    if outer is not None:
+        step_end(outer, state, now, cpu, on_loop)
+    if inner is not None:
+        step_begin(inner, state, now, cpu)
+    return now
+
+
+def resume(led: Ledger, state: _loop.ThreadState, awaiting: Any, now: int) -> None:
+    """Account the resumption at ``now`` of ``led``'s coroutine, suspended since ``led.suspended_at``."""
     suspended = led.suspended_at
-    if suspended and not led.active_children:
+    led.suspended_at = 0
+    if not led.active_children:
         waited = _loop.estimate_loop_wait(state, suspended, now, awaiting)
         if waited:
             led.loop_wait += waited
             if waited >= SLICE_NOTE_NS:
-                led.waits = _note(led.waits, now - waited, waited)
-    led.suspended_at = 0
-    return now
+                led.waits = note(led.waits, now - waited, waited)
 
 
-def close(led: Ledger) -> None:
-    """End ``led`` now and report its interval to its parent."""
-    led.end = end = _clock.wall_ns()
+def close(led: Ledger, end: int = 0) -> None:
+    """End ``led`` at ``end`` (default: now) and report its interval to its parent."""
+    led.end = end = end or _clock.wall_ns()
     parent = led.parent
     if parent is not None:
         parent.active_children -= 1
         if parent.child_spans is None:
-            parent.child_spans = []
-        parent.child_spans.append((led.start, end))
+            parent.child_spans = [(led.start, end)]
+        else:
+            parent.child_spans.append((led.start, end))
 
 
-def _note(notes: list[tuple[int, int]] | None, start: int, duration: int) -> list[tuple[int, int]]:
+def note(notes: list[tuple[int, int]] | None, start: int, duration: int) -> list[tuple[int, int]]:
+    """Add ``(start, duration)`` to a bounded list of notes, keeping the longest ``MAX_NOTES``."""
     if notes is None:
         return [(start, duration)]
     if len(notes) < MAX_NOTES:
@@ -192,22 +251,26 @@ def covered_ns(spans: list[tuple[int, int]] | None, start: int, end: int) -> int
     return total
 
 
-def components(led: Ledger, end: int | None = None) -> dict[str, float]:
-    """The ledger's split of its wall time, in float milliseconds (see module doc)."""
+def cpu_of(led: Ledger) -> int:
+    """The ledger's CPU in ns: never negative (a step between inferred clock readings can be
+    off by up to ``_loop.CPU_REUSE_NS``, see :func:`tracekit._loop.cpu_now`)."""
+    cpu = led.cpu_on + led.cpu_off
+    return cpu if cpu > 0 else 0
+
+
+def split(led: Ledger, end: int) -> tuple[int, int, int, int]:
+    """``(wall, children, wait, loop_wait)`` of ``led`` ended at ``end``, in ns (module doc).
+
+    ``cpu`` is ``led.cpu_on + led.cpu_off`` and ``consumer`` is ``led.consumer``, as recorded.
+    """
     start = led.start
-    wall = (end if end is not None else led.end) - start
+    wall = end - start
     if wall < 0:
         wall = 0
     spans = led.child_spans
     children = covered_ns(spans, start, start + wall) if spans else 0
-    cpu_on, cpu_off = led.cpu_on, led.cpu_off
-    cpu = cpu_on + cpu_off
-    free = wall - children - led.consumer - cpu
+    free = wall - children - led.consumer - cpu_of(led)
     if free < 0:
         free = 0
     loop_wait = led.loop_wait if led.loop_wait < free else free
-    return {
-        "wall": wall / MS, "cpu": cpu / MS, "cpu_on": cpu_on / MS, "cpu_off": cpu_off / MS,
-        "wait": (free - loop_wait) / MS, "loop_wait": loop_wait / MS, "children": children / MS,
-        "consumer": led.consumer / MS, "max_block": led.max_block / MS,
-    }  # fmt: skip
+    return wall, children, free - loop_wait, loop_wait

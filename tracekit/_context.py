@@ -8,10 +8,16 @@ parent and request without any help.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
+from collections.abc import Callable
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tracekit._accounting import Ledger
 
 current_ledger: ContextVar[Ledger | None] = ContextVar("tracekit.current_ledger", default=None)
+# Its methods, bound once: the hot path calls them for every stage, and a call through a
+# bound method skips the attribute lookup (most of the cost in compiled code).
+get_ledger: Callable[[], Ledger | None] = current_ledger.get
+set_ledger: Callable[[Ledger | None], Token[Ledger | None]] = current_ledger.set
+reset_ledger: Callable[[Token[Ledger | None]], None] = current_ledger.reset

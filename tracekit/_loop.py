@@ -27,22 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+from tracekit import _clock
 
 if TYPE_CHECKING:
     from tracekit._accounting import Ledger
 
-RING = 256  # outermost slices remembered per thread; the estimator looks back at most this far
-GAP_NS = 1_000_000  # busy slices closer than this count as one busy run (loop dispatch, select)
+# A CPU-clock reading within this many ns of wall time after the last real one on the same
+# thread is inferred from it (see cpu_now).
+CPU_REUSE_NS: Final = 20_000
+RING: Final = 256  # outermost slices remembered per thread; the estimator looks back at most this far
+GAP_NS: Final = 1_000_000  # busy slices closer than this count as one busy run (loop dispatch, select)
 
-_SLEEP_CODE = asyncio.sleep.__code__
+_SLEEP_CODE: Final = asyncio.sleep.__code__
 
 
 class ThreadState:
     """What one thread is running now, and its recent outermost slices (loop threads)."""
 
-    __slots__ = ("__weakref__", "ident", "name", "ring_end", "ring_i", "ring_start", "seq",
-                 "slice_start", "top", "watched")  # fmt: skip
+    __slots__ = ("cpu_at", "cpu_last", "ident", "name", "ring_end", "ring_i", "ring_start",
+                 "seq", "slice_start", "task", "top", "watched")  # fmt: skip
 
     def __init__(self) -> None:
         thread = threading.current_thread()
@@ -50,6 +55,11 @@ class ThreadState:
         self.name = thread.name
         self.top: Ledger | None = None  # innermost ledger with an open step on this thread
         self.slice_start = 0  # wall_ns when the open outermost slice began, 0 when none
+        # The task whose coroutine a tracekit driver is stepping right now (None: none is):
+        # an async stage entered in that task's step needs no driver of its own.
+        self.task: object = None
+        self.cpu_at = -CPU_REUSE_NS - 1  # wall ns of the last real CPU-clock reading (cpu_now)
+        self.cpu_last = 0  # that reading
         self.seq = 0  # number of outermost slices begun, for the watchdog's staleness check
         self.ring_start = [0] * RING
         self.ring_end = [0] * RING
@@ -67,6 +77,40 @@ def thread_state() -> ThreadState:
     except AttributeError:
         state = _local.state = ThreadState()
     return state
+
+
+def cpu_now(state: ThreadState, now: int) -> int:
+    """The thread's CPU time at wall time ``now`` (a step boundary).
+
+    Reading the thread CPU clock is a system call (~0.5 µs here), and steps come in bursts: a
+    request's stages begin and end microseconds apart. Within ``CPU_REUSE_NS`` of wall time
+    after the last real reading on this thread, the reading is inferred as that one plus the
+    wall time since: the CPU the thread used in that window is at most the window, so the
+    inferred value is high by at most ``CPU_REUSE_NS`` (only if the thread was descheduled
+    inside it) and the error never accumulates: it is anchored on a real reading, and a step
+    that lasts longer than the window ends with a real one.
+    """
+    since = now - state.cpu_at
+    if 0 <= since <= CPU_REUSE_NS:
+        return state.cpu_last + since
+    cpu = _clock.cpu_ns()
+    state.cpu_at = now
+    state.cpu_last = cpu
+    return cpu
+
+
+def slice_begin(state: ThreadState, now: int) -> None:
+    """An outermost slice begins: a driven step, or a sync stage called outside any step."""
+    state.slice_start = now
+    state.seq += 1
+
+
+def slice_end(state: ThreadState, end: int, on_loop: bool) -> None:
+    """The open outermost slice ends; on a loop thread it is remembered for the estimator."""
+    start = state.slice_start
+    state.slice_start = 0
+    if on_loop:
+        record_slice(state, start, end)
 
 
 def record_slice(state: ThreadState, start: int, end: int) -> None:

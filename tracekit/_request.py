@@ -8,7 +8,6 @@ lifecycle per stage while the request runs (costs measured in docs/performance.m
 from __future__ import annotations
 
 import random
-from collections.abc import MutableMapping
 from typing import Any
 
 from tracekit._accounting import Ledger
@@ -67,6 +66,16 @@ class Request:
         self.server = server  # emit a SERVER span (False: standalone stages, or enriching)
         self.root: Ledger | None = None
         self.ledgers: list[Ledger] = []
-        self.scope: MutableMapping[str, Any] | None = None
+        self.scope: dict[str, Any] | None = None  # the ASGI scope (a dict, as servers make it)
         self.root_path = ""  # the scope's root_path when the request arrived (before mounts)
         self.start = self.end = self.status = self.ttfb = self.inflight = 0
+
+    def release(self) -> None:
+        """Drop what the finished record references once its spans are built (or it is
+        dropped). Its ledgers point back at it: without this, every request would be a
+        reference cycle left to the cyclic garbage collector."""
+        self.ledgers.clear()  # a stage opened late (after the request ended) is still appended, unbuilt
+        self.root = None
+        self.scope = None
+        if self.error is not None:
+            self.error = None  # its traceback's frames reference the request too

@@ -23,6 +23,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from tracekit._accounting import REQUEST
 from tracekit._context import current_ledger
 from tracekit._failsafe import internal_error, logger
 from tracekit._request import Request, new_trace_id
@@ -91,6 +92,7 @@ class Runtime:
         queue = self._queue
         waiting = len(queue)
         if waiting >= MAX_QUEUE:
+            request.release()
             self.dropped += 1
             if self.dropped == 1:
                 logger.warning("tracekit: span building cannot keep up; dropping traces (counted)")
@@ -152,6 +154,8 @@ class Runtime:
                 except Exception:
                     internal_error("span building")
                     continue
+                finally:
+                    request.release()
                 self._deliver(spans)
 
     def _deliver(self, spans: list[Any]) -> None:
@@ -218,14 +222,13 @@ class LedgerSpan(NonRecordingSpan):
     def get_span_context(self) -> SpanContext:
         led = current_ledger.get()
         request = self._request
-        span_id = request.span_id
-        if led is not None and led.request is request and led.kind != "request":
-            span_id = led.span_id
+        # The innermost stage of this request (its root ledger has the request's span id).
+        span_id = led.span_id if led is not None and led.request is request else request.span_id
         return SpanContext(request.trace_id, span_id, False, _SAMPLED, request.trace_state)
 
     def _target(self) -> Any:
         led = current_ledger.get()
-        at_top = led is None or led.request is not self._request or led.kind == "request"
+        at_top = led is None or led.request is not self._request or led.site is REQUEST
         return self._delegate if at_top else None
 
     def is_recording(self) -> bool:

@@ -1,20 +1,37 @@
-"""Times every resumption ("step") of a coroutine, and sync calls, into a ledger.
+"""Times every resumption ("step") of a coroutine into a ledger.
 
-:func:`drive` is a generator used as ``__await__``: it resumes the wrapped coroutine with
-``send``/``throw`` exactly as the awaiting Task would, and yields whatever the coroutine
-yields (futures, ``None`` for ``sleep(0)``), so the Task sees no difference. Values,
-exceptions, cancellation (``CancelledError`` thrown in) and ``close()`` pass through
-unchanged; tracekit's own bookkeeping errors are logged once and never reach the app.
+``await Stepped(coro, ledger)`` resumes the wrapped coroutine with ``send``/``throw`` exactly
+as the awaiting Task would, and yields whatever the coroutine yields (futures, ``None`` for
+``sleep(0)``), so the Task sees no difference. Values, exceptions, cancellation
+(``CancelledError`` thrown in) and ``close()`` pass through unchanged; tracekit's own
+bookkeeping errors are logged once and never reach the app.
+
+The middleware drives each request's application coroutine this way. Async stages and blocks
+entered while a driver steps their task need no driver of their own: they switch the open
+step to their ledger and back (:func:`tracekit._accounting.switch`), and a suspension inside
+them ends whichever ledger's step is open then, so the driver resumes that ledger next. A
+driver whose step is not nested in another one's is the step's **outermost** driver: it
+opens and closes the thread's loop slice (:mod:`tracekit._loop`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Generator
 from typing import Any
 
 from tracekit import _accounting, _clock, _loop
 from tracekit._accounting import Ledger
 from tracekit._failsafe import internal_error
+
+_get_running_loop = asyncio._get_running_loop
+_current_task = asyncio.current_task
+
+
+def running_task() -> object:
+    """The running asyncio task, or None (no loop, or not inside a task)."""
+    loop = _get_running_loop()
+    return None if loop is None else _current_task(loop)
 
 
 class Stepped:
@@ -36,29 +53,36 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
 
     ``coro`` is anything with ``send``/``throw``/``close`` (a coroutine, an async generator's
     ``asend`` awaitable). ``awaiting`` is what to inspect for a timer deadline when resuming
-    (default ``coro``). A ``with stage(...)`` block opened inside the coroutine takes over its
-    steps while open: the step's owner is whatever ledger is on top when it suspends.
+    (default ``coro``).
     """
     state = _loop.thread_state()
+    task = running_task()
     send, throw = coro.send, coro.throw
     inspect = coro if awaiting is None else awaiting
-    cursor = led  # the ledger that owns this coroutine's steps (led, or an open block)
+    cursor = led  # the ledger whose code runs when coro resumes (led, or a stage inside it)
     value: Any = None
     error: BaseException | None = None
     while True:
+        outermost = False
         try:
-            now = _accounting.resume(cursor, state, inspect) if cursor.suspended_at else _clock.wall_ns()
-            _accounting.step_begin(cursor, state, now)
+            now = _clock.wall_ns()
+            if cursor.suspended_at:
+                _accounting.resume(cursor, state, inspect, now)
+            if not state.slice_start:
+                outermost = True
+                _loop.slice_begin(state, now)
+                state.task = task
+            _accounting.step_begin(cursor, state, now, _loop.cpu_now(state, now))
         except Exception:
             internal_error("step start")
         try:
             yielded = send(value) if error is None else throw(error)
         except BaseException as exc:  # StopIteration (return) included: pass it through as is
-            _end_step(state, led, suspended=False)
+            _end_step(state, led, outermost, False)
             if isinstance(exc, StopIteration):
                 return exc.value
             raise
-        cursor = _end_step(state, led, suspended=True)
+        cursor = _end_step(state, led, outermost, True)
         try:
             value, error = (yield yielded), None
         except GeneratorExit:
@@ -68,16 +92,21 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
             value, error = None, exc
 
 
-def _end_step(state: _loop.ThreadState, led: Ledger, suspended: bool) -> Ledger:
-    """End the open step (``led``'s, or a block's opened inside it); returns its owner."""
-    owner = state.top
+def _end_step(state: _loop.ThreadState, led: Ledger, outermost: bool, suspended: bool) -> Ledger:
+    """End the step open on this thread (``led``'s, or a stage's entered inside it); returns
+    its owner, the ledger to resume."""
     try:
-        if owner is None:  # our step was already closed: bookkeeping went wrong somewhere
-            return led
-        end = _accounting.step_end(owner, state, on_loop=True)
-        if suspended:
-            owner.suspended_at = end
-        return owner
+        end = _clock.wall_ns()
+        cpu = _loop.cpu_now(state, end)
+        owner = state.top
+        if owner is not None:
+            _accounting.step_end(owner, state, end, cpu, True)
+            if suspended:
+                owner.suspended_at = end
+        if outermost:
+            state.task = None
+            _loop.slice_end(state, end, True)
+        return owner or led  # None: our step was already closed, bookkeeping went wrong
     except Exception:
         internal_error("step end")
         return led

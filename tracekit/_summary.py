@@ -11,11 +11,38 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tracekit import _accounting, _clock, semconv
-from tracekit._accounting import MS, Ledger
+from tracekit import semconv
+from tracekit._accounting import MS, Ledger, cpu_of, split
 from tracekit._request import Request
+from tracekit.semconv import (
+    BLOCKED_AT,
+    CHILDREN_MS,
+    CONSUMER_MS,
+    CPU_MS,
+    GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+    INFLIGHT,
+    IO_WAIT_MS,
+    KIND_MODEL,
+    LOOP_SLICES_US,
+    LOOP_WAIT_MS,
+    LOOP_WAITS_US,
+    MAX_BLOCK_MS,
+    MODEL_WAIT_MS,
+    ON_LOOP,
+    OVERHEAD_MS,
+    STEPS,
+    TTFB_MS,
+    WAIT_MS,
+    WALL_MS,
+)
 
-_ITL_KEYS = (semconv.ITL_P50_MS, semconv.ITL_P95_MS, semconv.ITL_MAX_MS)
+# The keys every SERVER span has, in their order (http_attributes and request_attributes fill
+# them in): copying a dict that has them is cheaper than growing one key by key.
+_SERVER_TEMPLATE: dict[str, Any] = dict.fromkeys((
+    semconv.HTTP_REQUEST_METHOD, semconv.URL_PATH, semconv.URL_SCHEME,
+    semconv.NETWORK_PROTOCOL_VERSION, WALL_MS, CPU_MS, LOOP_WAIT_MS, MODEL_WAIT_MS, IO_WAIT_MS,
+    OVERHEAD_MS, MAX_BLOCK_MS, ON_LOOP, INFLIGHT,
+))  # fmt: skip
 
 
 def percentile(sorted_values: list[int], q: float) -> int:
@@ -29,35 +56,36 @@ def end_of(request: Request) -> int:
     return request.end or (request.root.end if request.root else 0)
 
 
-def ledger_attributes(led: Ledger, c: dict[str, float]) -> dict[str, Any]:
-    """The ``tracekit.*`` attributes of one stage span (``c``: its :func:`components`)."""
-    attrs: dict[str, Any] = {
-        semconv.STAGE: led.name,
-        semconv.STAGE_KIND: led.kind,
-        semconv.WALL_MS: c["wall"],
-        semconv.CPU_MS: c["cpu"],
-        semconv.WAIT_MS: c["wait"],
-        semconv.LOOP_WAIT_MS: c["loop_wait"],
-        semconv.MAX_BLOCK_MS: c["max_block"],
-        semconv.ON_LOOP: led.cpu_on >= led.cpu_off and led.cpu_on > 0,
-        semconv.STEPS: led.steps,
-    }
-    if led.function:
-        attrs[semconv.CODE_FUNCTION] = led.function
-        if led.namespace:
-            attrs[semconv.CODE_NAMESPACE] = led.namespace
-    if c["children"]:
-        attrs[semconv.CHILDREN_MS] = c["children"]
+def ledger_parts(request: Request, end: int = 0) -> list[tuple[int, int, int, int]]:
+    """:func:`tracekit._accounting.split` of every ledger of ``request``, in ledger order
+    (``end``: the request's end, default :func:`end_of`; for ledgers never closed)."""
+    end = end or end_of(request)
+    return [split(led, led.end or end) for led in request.ledgers]
+
+
+def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait: int) -> dict[str, Any]:
+    """The ``tracekit.*`` attributes of one stage span (the rest: its :func:`split`)."""
+    cpu_on = led.cpu_on
+    attrs = led.site.template.copy()
+    attrs[WALL_MS] = wall / MS
+    attrs[CPU_MS] = cpu_of(led) / MS
+    attrs[WAIT_MS] = wait / MS
+    attrs[LOOP_WAIT_MS] = loop_wait / MS
+    attrs[MAX_BLOCK_MS] = led.max_block / MS
+    attrs[ON_LOOP] = cpu_on >= led.cpu_off and cpu_on > 0
+    attrs[STEPS] = led.steps
+    if children:
+        attrs[CHILDREN_MS] = children / MS
     if led.consumer:
-        attrs[semconv.CONSUMER_MS] = c["consumer"]
+        attrs[CONSUMER_MS] = led.consumer / MS
     if led.slices:
-        attrs[semconv.LOOP_SLICES_US] = _offsets(led.slices, led.start)
+        attrs[LOOP_SLICES_US] = _offsets(led.slices, led.start)
     if led.waits:
-        attrs[semconv.LOOP_WAITS_US] = _offsets(led.waits, led.start)
+        attrs[LOOP_WAITS_US] = _offsets(led.waits, led.start)
     if led.blocked:
-        attrs[semconv.BLOCKED_AT] = led.blocked[0][2]
-    if led.first_item and led.kind == semconv.KIND_MODEL:
-        attrs[semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = (led.first_item - led.start) / 1e9
+        attrs[BLOCKED_AT] = led.blocked[0][2]
+    if led.first_item and led.site.kind == KIND_MODEL:
+        attrs[GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = (led.first_item - led.start) / 1e9
     if not led.end:
         attrs["tracekit.unfinished"] = True
     if led.attributes:
@@ -73,55 +101,54 @@ def _offsets(notes: list[tuple[int, int]], origin: int) -> list[int]:
     return flat
 
 
-def all_components(request: Request) -> list[dict[str, float]]:
-    """:func:`components` of every ledger of ``request``, in ``request.ledgers`` order."""
+def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] | None = None,
+                       attrs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The request-level ``tracekit.*`` attributes: components summed over all ledgers
+    (``parts``: :func:`ledger_parts`, computed when not given), added to ``attrs`` if given."""
     end = end_of(request)
-    return [_accounting.components(led, led.end or end) for led in request.ledgers]
-
-
-def request_attributes(request: Request, comps: list[dict[str, float]] | None = None) -> dict[str, Any]:
-    """The request-level ``tracekit.*`` attributes: components summed over all ledgers."""
-    end = end_of(request)
-    cpu = cpu_on = loop_wait = model_wait = io_wait = 0.0
-    max_block = 0.0
+    if parts is None:
+        parts = ledger_parts(request, end)
+    cpu = cpu_on = loop_wait = model_wait = io_wait = max_block = 0
     blocked_at = None
-    for led, c in zip(request.ledgers, comps or all_components(request), strict=True):
-        cpu += c["cpu"]
-        cpu_on += c["cpu_on"]
-        loop_wait += c["loop_wait"]
-        if led.kind == semconv.KIND_MODEL:
-            model_wait += c["wait"]
+    for led, (_, _, wait, waited) in zip(request.ledgers, parts, strict=True):
+        cpu_on += led.cpu_on
+        cpu += cpu_of(led)
+        loop_wait += waited
+        if led.site.kind == KIND_MODEL:
+            model_wait += wait
         else:
-            io_wait += c["wait"]
-        if c["max_block"] > max_block:
-            max_block = c["max_block"]
-            if led.blocked:
-                blocked_at = led.blocked[0][2]
-        elif blocked_at is None and led.blocked:
-            blocked_at = led.blocked[0][2]
+            io_wait += wait
+        blocked = led.blocked
+        if led.max_block > max_block:
+            max_block = led.max_block
+            if blocked:
+                blocked_at = blocked[0][2]
+        elif blocked_at is None and blocked:
+            blocked_at = blocked[0][2]
     wall = max(0, end - request.start) / MS
-    attrs: dict[str, Any] = {
-        semconv.WALL_MS: wall,
-        semconv.CPU_MS: cpu,
-        semconv.LOOP_WAIT_MS: loop_wait,
-        semconv.MODEL_WAIT_MS: model_wait,
-        semconv.IO_WAIT_MS: io_wait,
-        semconv.OVERHEAD_MS: max(0.0, wall - model_wait),
-        semconv.MAX_BLOCK_MS: max_block,
-        semconv.ON_LOOP: cpu_on * 2 >= cpu and cpu > 0,
-        semconv.INFLIGHT: request.inflight,
-    }
+    if attrs is None:
+        attrs = {}
+    attrs[WALL_MS] = wall
+    attrs[CPU_MS] = cpu / MS
+    attrs[LOOP_WAIT_MS] = loop_wait / MS
+    attrs[MODEL_WAIT_MS] = model_wait / MS
+    attrs[IO_WAIT_MS] = io_wait / MS
+    attrs[OVERHEAD_MS] = max(0.0, wall - model_wait / MS)
+    attrs[MAX_BLOCK_MS] = max_block / MS
+    attrs[ON_LOOP] = cpu_on * 2 >= cpu and cpu > 0
+    attrs[INFLIGHT] = request.inflight
     if blocked_at:
-        attrs[semconv.BLOCKED_AT] = blocked_at
+        attrs[BLOCKED_AT] = blocked_at
     root = request.root
     if root is not None:
         if root.slices:
-            attrs[semconv.LOOP_SLICES_US] = _offsets(root.slices, request.start)
+            attrs[LOOP_SLICES_US] = _offsets(root.slices, request.start)
         if root.waits:
-            attrs[semconv.LOOP_WAITS_US] = _offsets(root.waits, request.start)
+            attrs[LOOP_WAITS_US] = _offsets(root.waits, request.start)
     if request.ttfb:
-        attrs[semconv.TTFB_MS] = (request.ttfb - request.start) / MS
-    attrs.update(stream_attributes(request))
+        attrs[TTFB_MS] = (request.ttfb - request.start) / MS
+    if request.chunks:
+        attrs.update(stream_attributes(request))
     return attrs
 
 
@@ -144,16 +171,16 @@ def stream_attributes(request: Request) -> dict[str, Any]:
 
 
 def http_attributes(request: Request) -> tuple[str, dict[str, Any]]:
-    """Span name and OpenTelemetry HTTP server attributes (stable conventions) from the scope."""
+    """Span name and OpenTelemetry HTTP server attributes (stable conventions) from the scope;
+    the dict has room for the request's own attributes (:func:`request_attributes`)."""
     scope = request.scope or {}
     method = scope.get("method", "GET")
     route = route_template(scope, request)
-    attrs: dict[str, Any] = {
-        semconv.HTTP_REQUEST_METHOD: method,
-        semconv.URL_PATH: scope.get("path", ""),
-        semconv.URL_SCHEME: scope.get("scheme", "http"),
-        semconv.NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
-    }
+    attrs = _SERVER_TEMPLATE.copy()
+    attrs[semconv.HTTP_REQUEST_METHOD] = method
+    attrs[semconv.URL_PATH] = scope.get("path", "")
+    attrs[semconv.URL_SCHEME] = scope.get("scheme", "http")
+    attrs[semconv.NETWORK_PROTOCOL_VERSION] = scope.get("http_version", "1.1")
     query = scope.get("query_string")
     if query:
         attrs[semconv.URL_QUERY] = query.decode("latin-1")
@@ -197,8 +224,3 @@ def short_path(filename: str) -> str:
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
-
-
-def epoch(wall: int) -> int:
-    """Span timestamp for a wall reading."""
-    return _clock.epoch_ns(wall)

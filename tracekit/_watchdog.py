@@ -18,7 +18,7 @@ import os
 import sys
 import sysconfig
 import threading
-import weakref
+import time
 from types import FrameType
 
 from tracekit import _clock
@@ -26,6 +26,7 @@ from tracekit._loop import ThreadState
 from tracekit._summary import short_path
 
 MAX_CATCHES = 4  # per ledger
+PRUNE_S = 1.0
 STACK_DEPTH = 12
 
 _TRACEKIT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -40,7 +41,9 @@ class Watchdog:
 
     def __init__(self, threshold_ms: float = 20.0) -> None:
         self.threshold_ns = int(threshold_ms * 1e6)
-        self._watched: weakref.WeakSet[ThreadState] = weakref.WeakSet()
+        # thread ident -> its state; states of threads that ended are pruned every PRUNE_S
+        self._watched: dict[int, ThreadState] = {}
+        self._pruned_at = 0.0
         self._sampled: dict[int, int] = {}  # thread ident -> slice seq already sampled
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -49,7 +52,7 @@ class Watchdog:
     def watch(self, state: ThreadState) -> None:
         """Watch the loop thread owning ``state`` (idempotent); starts the thread lazily."""
         with self._lock:
-            self._watched.add(state)
+            self._watched[state.ident or 0] = state
             state.watched = self
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tracekit-watchdog", daemon=True)
@@ -63,12 +66,23 @@ class Watchdog:
         interval = max(self.threshold_ns / 2e9, 0.001)
         while not self._stop.wait(interval):
             now = _clock.wall_ns()
-            for state in list(self._watched):
+            for state in list(self._watched.values()):
                 start = state.slice_start
                 if not start or now - start < self.threshold_ns:
                     continue
                 if self._sampled.get(state.ident or 0) != state.seq:
                     self._sample(state, now - start)
+            if time.monotonic() - self._pruned_at > PRUNE_S:
+                self._prune()
+
+    def _prune(self) -> None:
+        """Forget the states of threads that ended (a loop per thread pool worker, say)."""
+        self._pruned_at = time.monotonic()
+        alive = {thread.ident for thread in threading.enumerate()}
+        with self._lock:
+            for ident in [i for i in self._watched if i not in alive]:
+                del self._watched[ident]
+                self._sampled.pop(ident, None)
 
     def _sample(self, state: ThreadState, held_ns: int) -> None:
         seq = state.seq

@@ -32,29 +32,23 @@ not sampled; nothing is exported or allocated for spans on the request path.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import Callable
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
-from opentelemetry import context as otel_context
-
-from tracekit import _accounting, _clock, _loop, _runtime, semconv
-from tracekit._accounting import Ledger
-from tracekit._context import current_ledger
+from tracekit import _stages, semconv
+from tracekit._accounting import Site
 from tracekit._failsafe import internal_error
-from tracekit._request import new_span_id
+from tracekit._generators import StagedAsyncGenerator, StagedGenerator
+from tracekit._stages import NO_STEP
 from tracekit._steps import Stepped
 from tracekit.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _KINDS = frozenset(semconv.STAGE_KINDS)
-_get_running_loop = asyncio._get_running_loop
-
-_Opened = tuple[Ledger, "Token[Ledger | None] | None", object]
 
 
 def kind_for(name: str, kind: str | None) -> str:
@@ -67,90 +61,17 @@ def kind_for(name: str, kind: str | None) -> str:
     return kind
 
 
-def _open(name: str, kind: str, function: str | None, namespace: str | None,
-          bind: bool = True) -> _Opened | None:  # fmt: skip
-    """Start a stage ledger under the current one; None when nothing is being recorded.
-
-    With ``bind`` the ledger becomes the current one until :func:`_close` (nested stages
-    find their parent through it, and so does the request's OpenTelemetry current span:
-    see :class:`tracekit._runtime.LedgerSpan`).
-    """
-    parent = current_ledger.get()
-    otel_token = None
-    if parent is None:  # a stage outside any request: a tree of its own
-        request = _runtime.standalone_request()
-        if request is None:
-            return None
-        led = Ledger(name, kind, request, None, new_span_id(), function, namespace)
-        request.span_id = led.span_id
-        request.start = led.start
-        request.root = led
-        request.ledgers.append(led)
-        if not bind:
-            return led, None, None
-        otel_token = otel_context.attach(_runtime.request_context(request))
-    elif parent.request is None:  # the request is not sampled
-        return None
-    else:
-        led = Ledger(name, kind, parent.request, parent, new_span_id(), function, namespace)
-        parent.request.ledgers.append(led)
-        if not bind:
-            return led, None, None
-    return led, current_ledger.set(led), otel_token
-
-
-def _bind(led: Ledger) -> tuple[Token[Ledger | None], object]:
-    otel_token = None
-    if led.parent is None:
-        otel_token = otel_context.attach(_runtime.request_context(led.request))
-    return current_ledger.set(led), otel_token
-
-
-def _unbind(ledger_token: Token[Ledger | None] | None, otel_token: object) -> None:
-    if otel_token is not None:
-        otel_context.detach(otel_token)  # type: ignore[arg-type]
-    if ledger_token is not None:
-        current_ledger.reset(ledger_token)
-
-
-def _close(opened: _Opened, error: BaseException | None) -> None:
-    led, ledger_token, otel_token = opened
-    try:
-        _accounting.close(led)
-        if error is not None:
-            led.error = error
-        _unbind(ledger_token, otel_token)
-        if led.parent is None:  # a stage outside any request: its tree is complete
-            led.request.end = led.end
-            led.request.runtime.submit(led.request)
-    except Exception:
-        internal_error("stage close")
-
-
-def _count_tokens(result: Any) -> int | None:
-    """Token count of a tokenizer's result (HF Encoding, list of Encodings, list of ids)."""
-    ids = getattr(result, "ids", None)
-    if isinstance(ids, list):
-        return len(ids)
-    if isinstance(result, list) and result:
-        first = result[0]
-        if isinstance(first, int):
-            return len(result)
-        if isinstance(getattr(first, "ids", None), list):
-            return sum(len(item.ids) for item in result)
-    return None
-
-
 class Stage:
     """A named stage: decorate a function with it, or open it with ``with``/``async with``."""
 
-    __slots__ = ("_blocks", "kind", "name")
+    __slots__ = ("_blocks", "_site", "kind", "name")
 
     def __init__(self, name: str, kind: str | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("stage name must be a non-empty string")
         self.name = name
         self.kind = kind_for(name, kind)
+        self._site = Site(name, self.kind)  # blocks; decorated functions get their own
         # Open blocks of this stage, per task/thread context (safe to share one Stage object).
         self._blocks: ContextVar[list[Any] | None] = ContextVar(f"tracekit.block.{name}", default=None)
 
@@ -161,93 +82,22 @@ class Stage:
     def __call__(self, fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"stage({self.name!r}) decorates a function, got {type(fn).__name__}")
+        site = Site(self.name, self.kind, getattr(fn, "__qualname__", self.name),
+                    getattr(fn, "__module__", None))  # fmt: skip
         if inspect.isasyncgenfunction(fn):
-            return self._wrap_async_gen(fn)
+            return _wrap_async_gen(fn, site)
         if inspect.isgeneratorfunction(fn):
-            return self._wrap_gen(fn)
+            return _wrap_gen(fn, site)
         if inspect.iscoroutinefunction(fn):
-            return self._wrap_async(fn)
-        return self._wrap_sync(fn)
-
-    def _identity(self, fn: Callable[..., Any]) -> tuple[str, str | None]:
-        return getattr(fn, "__qualname__", self.name), getattr(fn, "__module__", None)
-
-    def _wrap_sync(self, fn: F) -> F:
-        name, kind = self.name, self.kind
-        function, namespace = self._identity(fn)
-        count_tokens = kind == semconv.KIND_TOKENIZE
-
-        @functools.wraps(fn)
-        def sync_stage(*args: Any, **kwargs: Any) -> Any:
-            opened = _open(name, kind, function, namespace)
-            if opened is None:
-                return fn(*args, **kwargs)
-            led = opened[0]
-            state = _loop.thread_state()
-            on_loop = _get_running_loop() is not None
-            _accounting.step_begin(led, state, _clock.wall_ns())
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                _accounting.step_end(led, state, on_loop)
-                _close(opened, exc)
-                raise
-            _accounting.step_end(led, state, on_loop)
-            if count_tokens:
-                tokens = _count_tokens(result)
-                if tokens is not None:
-                    led.set_attribute(semconv.TOKENS, tokens)
-            _close(opened, None)
-            return result
-
-        return sync_stage  # type: ignore[return-value]
-
-    def _wrap_async(self, fn: F) -> F:
-        name, kind = self.name, self.kind
-        function, namespace = self._identity(fn)
-
-        @functools.wraps(fn)
-        async def async_stage(*args: Any, **kwargs: Any) -> Any:
-            opened = _open(name, kind, function, namespace)
-            if opened is None:
-                return await fn(*args, **kwargs)
-            try:
-                result = await Stepped(fn(*args, **kwargs), opened[0])
-            except BaseException as exc:
-                _close(opened, exc)
-                raise
-            _close(opened, None)
-            return result
-
-        return async_stage  # type: ignore[return-value]
-
-    def _wrap_gen(self, fn: F) -> F:
-        name, kind = self.name, self.kind
-        function, namespace = self._identity(fn)
-
-        @functools.wraps(fn)
-        def gen_stage(*args: Any, **kwargs: Any) -> StagedGenerator:
-            return StagedGenerator(fn(*args, **kwargs), name, kind, function, namespace)
-
-        return gen_stage  # type: ignore[return-value]
-
-    def _wrap_async_gen(self, fn: F) -> F:
-        name, kind = self.name, self.kind
-        function, namespace = self._identity(fn)
-
-        @functools.wraps(fn)
-        def async_gen_stage(*args: Any, **kwargs: Any) -> StagedAsyncGenerator:
-            return StagedAsyncGenerator(fn(*args, **kwargs), name, kind, function, namespace)
-
-        return async_gen_stage  # type: ignore[return-value]
+            return _wrap_async(fn, site)
+        return _wrap_sync(fn, site)
 
     # --- with / async with ----------------------------------------------------------------
     def __enter__(self) -> Stage:
         try:
-            opened = _open(self.name, self.kind, None, None)
-            outer = _switch_in(opened[0]) if opened is not None else None
-            entry: list[Any] = [opened, outer, None]
-            entry[2] = self._blocks.set(entry)
+            opened = _stages.enter(self._site, True)
+            entry: list[Any] = [opened, None]
+            entry[1] = self._blocks.set(entry)
         except Exception:
             internal_error("block enter")
         return self
@@ -257,11 +107,11 @@ class Stage:
             entry = self._blocks.get()
             if entry is None:
                 return
-            opened, outer, token = entry
+            opened, token = entry
             self._blocks.reset(token)
             if opened is not None:
-                _switch_out(opened[0], outer)
-                _close(opened, exc)
+                led, outer = opened
+                _stages.leave(led, outer, exc)
         except Exception:
             internal_error("block exit")
 
@@ -272,163 +122,67 @@ class Stage:
         self.__exit__(exc_type, exc, tb)
 
 
-def _switch_in(led: Ledger) -> Ledger | None:
-    """A block opens: the step open on this thread (if any) now belongs to the block."""
-    state = _loop.thread_state()
-    outer = state.top
-    on_loop = _get_running_loop() is not None
-    if outer is not None:
-        now = _accounting.step_end(outer, state, on_loop)
-    else:
-        now = _clock.wall_ns()
-    _accounting.step_begin(led, state, now)
-    return outer
+def _wrap_sync(fn: F, site: Site) -> F:
+    call_begin, call_end = _stages.call_begin, _stages.call_end
+    call_end_counting = _stages.call_end_counting
+    count_tokens = site.kind == semconv.KIND_TOKENIZE
+
+    @functools.wraps(fn)
+    def sync_stage(*args: Any, **kwargs: Any) -> Any:
+        led = call_begin(site)
+        if led is None:
+            return fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            call_end(led, exc)
+            raise
+        if count_tokens:
+            call_end_counting(led, result)
+        else:
+            call_end(led, None)
+        return result
+
+    return sync_stage  # type: ignore[return-value]
 
 
-def _switch_out(led: Ledger, outer: Ledger | None) -> None:
-    """A block closes: its step ends and the enclosing owner's step resumes."""
-    state = _loop.thread_state()
-    if state.top is not led:  # closed from another step than it was opened in: nothing open
-        return
-    on_loop = _get_running_loop() is not None
-    now = _accounting.step_end(led, state, on_loop)
-    if outer is not None:
-        _accounting.step_begin(outer, state, now)
+def _wrap_async(fn: F, site: Site) -> F:
+    enter, leave = _stages.enter, _stages.leave
 
-
-class _StagedIteration:
-    """What the two generator wrappers share: the lazily opened ledger and consumer time."""
-
-    __slots__ = ("_done", "_identity", "_inner", "_opened", "_yielded_at")
-
-    def __init__(self, inner: Any, name: str, kind: str, function: str | None,
-                 namespace: str | None) -> None:  # fmt: skip
-        self._inner = inner
-        self._identity = (name, kind, function, namespace)
-        self._opened: _Opened | None = None
-        self._yielded_at = 0
-        self._done = False
-
-    def _ledger(self) -> Ledger | None:
-        """The stage's ledger, opened at the first iteration; None when not recording."""
-        opened = self._opened
+    @functools.wraps(fn)
+    async def async_stage(*args: Any, **kwargs: Any) -> Any:
+        opened = enter(site, False)
         if opened is None:
-            opened = self._opened = _open(*self._identity, bind=False)
-            if opened is None:
-                self._done = True
-                return None
-            if self._identity[1] == semconv.KIND_MODEL:
-                opened[0].set_attribute(semconv.GEN_AI_REQUEST_STREAM, True)
-        led = opened[0]
-        if self._yielded_at:  # the consumer held the last item until now
-            led.consumer += _clock.wall_ns() - self._yielded_at
-            self._yielded_at = 0
-        return led
-
-    def _yielded(self, led: Ledger, now: int) -> None:
-        self._yielded_at = now
-        if not led.first_item:
-            led.first_item = now
-
-    def _finish(self, error: BaseException | None) -> None:
-        if self._done or self._opened is None:
-            self._done = True
-            return
-        self._done = True
-        if self._yielded_at:
-            self._opened[0].consumer += _clock.wall_ns() - self._yielded_at
-        _close(self._opened, error)
-
-
-class StagedAsyncGenerator(_StagedIteration):
-    """An async generator whose iterations are timed as one stage (streaming model calls)."""
-
-    __slots__ = ()
-
-    def __aiter__(self) -> StagedAsyncGenerator:
-        return self
-
-    def __anext__(self) -> Any:
-        return self._step(self._inner.__anext__())
-
-    def asend(self, value: Any) -> Any:
-        return self._step(self._inner.asend(value))
-
-    def athrow(self, *args: Any) -> Any:
-        return self._step(self._inner.athrow(*args))
-
-    async def aclose(self) -> None:
-        if self._done:
-            return
+            return await fn(*args, **kwargs)
+        led, outer = opened
         try:
-            await self._step(self._inner.aclose(), closing=True)
-        finally:
-            self._finish(None)
-
-    async def _step(self, awaitable: Any, closing: bool = False) -> Any:
-        led = None if self._done else self._ledger()
-        if led is None:
-            return await awaitable
-        tokens = _bind(led)  # only while the generator's own code runs, not the consumer's
-        try:
-            item = await Stepped(awaitable, led, self._inner)
-        except StopAsyncIteration:
-            self._finish(None)
-            raise
+            if outer is NO_STEP:  # its task is not driven: drive it here
+                result = await Stepped(fn(*args, **kwargs), led)
+            else:
+                result = await fn(*args, **kwargs)
         except BaseException as exc:
-            self._finish(exc)
+            leave(led, outer, exc)
             raise
-        finally:
-            _unbind(*tokens)
-        if not closing:
-            self._yielded(led, _clock.wall_ns())
-        return item
+        leave(led, outer, None)
+        return result
+
+    return async_stage  # type: ignore[return-value]
 
 
-class StagedGenerator(_StagedIteration):
-    """A sync generator whose iterations are timed as one stage (e.g. a streamed body that
-    Starlette iterates in its thread pool): each ``next()`` is one step, in whatever thread
-    runs it; the consumer's time between items is ``tracekit.consumer_ms``."""
+def _wrap_gen(fn: F, site: Site) -> F:
+    @functools.wraps(fn)
+    def gen_stage(*args: Any, **kwargs: Any) -> StagedGenerator:
+        return StagedGenerator(fn(*args, **kwargs), site)
 
-    __slots__ = ()
+    return gen_stage  # type: ignore[return-value]
 
-    def __iter__(self) -> StagedGenerator:
-        return self
 
-    def __next__(self) -> Any:
-        return self._step(self._inner.__next__)
+def _wrap_async_gen(fn: F, site: Site) -> F:
+    @functools.wraps(fn)
+    def async_gen_stage(*args: Any, **kwargs: Any) -> StagedAsyncGenerator:
+        return StagedAsyncGenerator(fn(*args, **kwargs), site)
 
-    def send(self, value: Any) -> Any:
-        return self._step(self._inner.send, value)
-
-    def throw(self, *args: Any) -> Any:
-        return self._step(self._inner.throw, *args)
-
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            self._finish(None)
-
-    def _step(self, advance: Callable[..., Any], *args: Any) -> Any:
-        led = None if self._done else self._ledger()
-        if led is None:
-            return advance(*args)
-        tokens = _bind(led)
-        state = _loop.thread_state()
-        on_loop = _get_running_loop() is not None
-        _accounting.step_begin(led, state, _clock.wall_ns())
-        try:
-            item = advance(*args)
-        except BaseException as exc:
-            _accounting.step_end(led, state, on_loop)
-            _unbind(*tokens)
-            self._finish(None if isinstance(exc, StopIteration) else exc)
-            raise
-        now = _accounting.step_end(led, state, on_loop)
-        _unbind(*tokens)
-        self._yielded(led, now)
-        return item
+    return async_gen_stage  # type: ignore[return-value]
 
 
 @overload

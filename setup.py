@@ -1,0 +1,46 @@
+"""Builds tracekit, compiling its request-path modules with mypyc when it can.
+
+The package metadata is in pyproject.toml; this file only adds the compiled modules (listed in
+tracekit/_native.py, which explains why). They are optional: without a C compiler, or with
+TRACEKIT_PURE_PYTHON=1 set, or if mypyc fails, tracekit installs as plain Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def compiled_modules() -> list[str]:
+    """The COMPILED tuple of tracekit/_native.py, read without importing tracekit."""
+    tree = ast.parse((ROOT / "tracekit" / "_native.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "COMPILED":
+            return [f"tracekit/{name}.py" for name in ast.literal_eval(node.value)]
+    raise SystemExit("setup.py: tracekit/_native.py has no COMPILED tuple")
+
+
+def ext_modules() -> list[object]:
+    if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
+        return []
+    try:
+        from mypyc.build import mypycify
+
+        # Type-check only the compiled modules: what they import is read, not reported on.
+        extensions = mypycify(["--follow-imports=silent", *compiled_modules()], opt_level="3",
+                              group_name="tracekit")  # the shared library: tracekit__mypyc
+    except (Exception, SystemExit) as exc:  # mypyc missing or failing: plain Python
+        print(f"setup.py: not compiling tracekit's hot path ({exc!r})", file=sys.stderr)
+        return []
+    for extension in extensions:
+        extension.optional = True  # no C compiler: build_ext skips it, tracekit stays Python
+    return list(extensions)
+
+
+setup(ext_modules=ext_modules())

@@ -1,0 +1,213 @@
+"""The per-request bookkeeping behind :class:`tracekit.TracekitMiddleware`.
+
+The middleware stays a thin ASGI class (servers inspect it: it must be a real coroutine
+function); everything it does per request and per message lives here: the request record
+and its sampling decision, the W3C ``traceparent``, the send watching (TTFB, TTFT,
+inter-chunk gaps, the last byte), and handing the finished record to the runtime.
+
+Every function that runs inside a request is guarded: a bookkeeping failure is logged once
+and the request goes on (:func:`tracekit._failsafe.internal_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import MutableMapping
+from contextvars import Token
+from typing import Any, Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from tracekit import _accounting, _clock, _loop, _runtime
+from tracekit._accounting import REQUEST, Ledger, Site
+from tracekit._context import reset_ledger, set_ledger
+from tracekit._failsafe import internal_error
+from tracekit._request import Request, new_span_id, new_trace_id
+
+MAX_GAPS: Final = 4096  # inter-chunk gaps kept per request; beyond, a uniform reservoir sample
+UNSAMPLED = Ledger(Site("unsampled", "request"), None, None, 0)  # marks "inside a dropped request"
+
+_randrange = random.randrange
+
+
+def begin(runtime: _runtime.Runtime, scope: MutableMapping[str, Any]) -> Request | SpanContext | None:
+    """A request record for ``scope``; when the sampler drops it, the parent (or None)."""
+    try:
+        active = otel_trace.get_current_span()
+        active_context = active.get_span_context()
+        enrich = active if active.is_recording() and active_context.is_valid else None
+        if enrich is not None:
+            parent: SpanContext | None = active_context
+        else:
+            parent = traceparent(scope)
+        trace_id = parent.trace_id if parent is not None else new_trace_id()
+        if not runtime.sample(trace_id, parent, scope.get("method", "")):
+            return parent
+        request = Request(runtime, trace_id,
+                          parent.span_id if parent is not None and enrich is None else None,
+                          parent is not None and parent.is_remote,
+                          parent.trace_state if parent is not None else None,
+                          server=enrich is None)  # fmt: skip
+        if enrich is not None:
+            request.enrich = enrich
+            request.span_id = active_context.span_id
+        # Frameworks add the matched route to the scope later: keep the same dict.
+        request.scope = scope if type(scope) is dict else dict(scope)
+        root_path = scope.get("root_path", "")
+        request.root_path = root_path if isinstance(root_path, str) else ""
+        root = Ledger(REQUEST, request, None, request.span_id)
+        request.root = root
+        request.start = root.start
+        return request
+    except Exception:
+        internal_error("request start")
+        return None
+
+
+def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
+    """Bind the request as the current one (its root ledger and OpenTelemetry context), and
+    have the watchdog watch this loop thread; returns what :func:`leave` unbinds (None: it
+    could not, logged)."""
+    try:
+        state = _loop.thread_state()
+        watchdog = request.runtime.watchdog
+        if state.watched is not watchdog and watchdog is not None:
+            watchdog.watch(state)
+        return (set_ledger(request.root),
+                otel_context.attach(_runtime.request_context(request)))  # fmt: skip
+    except Exception:
+        internal_error("request start")
+        return None
+
+
+def failed(request: Request, error: BaseException) -> None:
+    """The application raised ``error`` (or was cancelled): it goes on the request span."""
+    request.error = error
+    request.cancelled = isinstance(error, asyncio.CancelledError)
+
+
+def leave(request: Request, tokens: tuple[Token[Ledger | None], object]) -> None:
+    """The application returned or failed: unbind, close the root, hand the record on."""
+    try:
+        otel_context.detach(tokens[1])  # type: ignore[arg-type]
+        reset_ledger(tokens[0])
+        root = request.root
+        if root is not None:
+            _accounting.close(root)
+        if request.enrich is not None and request.enrich.is_recording():
+            enrich(request)
+        request.runtime.submit(request)
+    except Exception:
+        internal_error("request finish")
+
+
+def response_start(request: Request, message: MutableMapping[str, Any]) -> None:
+    """``http.response.start`` is being sent: the status and the time to first byte."""
+    try:
+        status = message.get("status", 0)
+        request.status = status if type(status) is int else 0
+        request.ttfb = _clock.wall_ns()
+    except Exception:
+        internal_error("send watch")
+
+
+def body(request: Request, message: MutableMapping[str, Any]) -> bool:
+    """An ``http.response.body`` message is being sent: count a non-empty chunk; returns
+    whether it is the last (the server span is enriched before that one leaves)."""
+    try:
+        if message.get("body"):
+            _chunk(request)
+        last = not message.get("more_body", False)
+        if last and request.enrich is not None:
+            enrich(request)  # before the outer instrumentation ends its span on this send
+        return last
+    except Exception:
+        internal_error("send watch")
+        return False
+
+
+def body_sent(request: Request) -> None:
+    """The last body message left: the request span ends now."""
+    request.end = _clock.wall_ns()
+
+
+def _chunk(request: Request) -> None:
+    now = _clock.wall_ns()
+    if request.chunks:
+        gap = now - request.chunk_last
+        gaps = request.gaps
+        if gaps is None:
+            gaps = request.gaps = []
+        if len(gaps) < MAX_GAPS:
+            gaps.append(gap)
+        else:  # very long streams: memory stays bounded, percentiles stay unbiased
+            slot = _randrange(request.chunks)  # request.chunks - 1 gaps seen before this one
+            if slot < MAX_GAPS:
+                gaps[slot] = gap
+        if gap > request.gap_max:
+            request.gap_max = gap
+    else:
+        request.chunk_first = now
+    request.chunk_last = now
+    request.chunks += 1
+
+
+def enrich(request: Request) -> None:
+    """Put the request-level attributes on the server span another instrumentation made."""
+    from tracekit import _summary
+
+    try:
+        if request.end == 0:
+            request.end = _clock.wall_ns()  # provisional: the span ends with this send
+        request.enrich.set_attributes(_summary.request_attributes(request))
+    except Exception:
+        internal_error("enrich server span")
+
+
+def unsampled(parent: SpanContext | None) -> tuple[Token[Ledger | None], object]:
+    """Bind a request the sampler dropped: ids still propagate, flagged not sampled."""
+    trace_id = parent.trace_id if parent is not None else new_trace_id()
+    context = _runtime.unsampled_context(
+        trace_id, new_span_id(), parent.trace_state if parent is not None else None)  # fmt: skip
+    return set_ledger(UNSAMPLED), otel_context.attach(context)
+
+
+def unbind(tokens: tuple[Token[Ledger | None], object]) -> None:
+    """Undo :func:`unsampled`."""
+    otel_context.detach(tokens[1])  # type: ignore[arg-type]
+    reset_ledger(tokens[0])
+
+
+def traceparent(scope: MutableMapping[str, Any]) -> SpanContext | None:
+    """The W3C ``traceparent`` (and ``tracestate``) of the request, if valid."""
+    header = state = None
+    for key, value in scope.get("headers", ()):
+        if key == b"traceparent":
+            header = value
+        elif key == b"tracestate":
+            state = value
+    if header is None:
+        return None
+    parts = header.decode("latin-1").strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+        return None
+    version, trace_hex, span_hex, flags_hex = parts[:4]
+    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags_hex) != 2:
+        return None
+    if version == "00" and len(parts) != 4:
+        return None
+    try:
+        trace_id, span_id, flags = int(trace_hex, 16), int(span_hex, 16), int(flags_hex, 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    trace_state = None
+    if state is not None:
+        from opentelemetry.trace.span import TraceState
+
+        trace_state = TraceState.from_header([state.decode("latin-1")])
+    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 0xFF), trace_state)

@@ -1,0 +1,113 @@
+"""Which of tracekit's modules are compiled to C (mypyc), and whether they are now.
+
+tracekit is plain Python and runs anywhere as such. At install time ``setup.py`` compiles the
+request-path modules below with mypyc when it can (a C compiler is there, and
+``TRACEKIT_PURE_PYTHON`` is not set); compiled, a traced request costs about a third less
+(docs/performance.md). The ``.py`` files stay the one source: the compiled modules are made
+from them, and the test suite runs on both builds.
+
+``TRACEKIT_PURE_PYTHON=1`` at run time makes tracekit import the ``.py`` sources even where
+compiled modules exist (to debug, or to compare the two). So does a compiled module that is
+older than its source (an edited checkout: ``make`` rebuilds them) or that fails to load; both
+are logged once.
+
+This module is read by ``setup.py`` without importing tracekit: keep it free of imports
+beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+#: The modules mypyc compiles: the request path (stages, steps, accounting, the per-request
+#: record) and span building. Every other module stays Python: the public wrappers above
+#: all, which frameworks inspect (they must be real coroutine functions and classes).
+COMPILED = (
+    "semconv",
+    "_loop",
+    "_accounting",
+    "_request",
+    "_steps",
+    "_stages",
+    "_http",
+    "_summary",
+    "_spans",
+)
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def load() -> None:
+    """Decide, as ``import tracekit`` starts, between the compiled modules and the sources."""
+    reason = None
+    if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
+        prefer_source()
+        return
+    stale = _stale()
+    if stale:
+        reason = f"tracekit/{stale}.py is newer than its compiled module (run make to rebuild)"
+    else:
+        try:
+            importlib.import_module("tracekit._accounting")
+        except ImportError as exc:
+            reason = f"its compiled modules failed to load ({exc})"
+    if reason is not None:
+        for name in COMPILED:
+            sys.modules.pop(f"tracekit.{name}", None)
+        prefer_source()
+        logging.getLogger("tracekit").warning("tracekit: running as plain Python: %s", reason)
+
+
+def _stale() -> str | None:
+    """A compiled module's source newer than the compiled code (the first found), or None.
+
+    The code of all compiled modules is in one shared library beside the package
+    (``tracekit__mypyc*.so``); the per-module files are stubs that a rebuild may leave as
+    they were.
+    """
+    shared = glob.glob(os.path.join(os.path.dirname(_PACKAGE_DIR), "tracekit__mypyc.*.so"))
+    if not shared:
+        return None
+    built = min(os.path.getmtime(path) for path in shared)
+    for name in COMPILED:
+        if os.path.getmtime(os.path.join(_PACKAGE_DIR, f"{name}.py")) > built:
+            return name
+    return None
+
+
+def compiled() -> bool:
+    """Whether the compiled modules are the ones in use (all of them)."""
+    for name in COMPILED:
+        module = sys.modules.get(f"tracekit.{name}")
+        if module is None:
+            module = importlib.import_module(f"tracekit.{name}")
+        if not str(getattr(module, "__file__", "")).endswith((".so", ".pyd")):
+            return False
+    return True
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Finds the compiled modules' ``.py`` sources before any extension module."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:  # fmt: skip
+        package, _, name = fullname.rpartition(".")
+        if package != "tracekit" or name not in COMPILED:
+            return None
+        source = os.path.join(_PACKAGE_DIR, f"{name}.py")
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def prefer_source() -> None:
+    """Import the compiled modules from their ``.py`` files (``TRACEKIT_PURE_PYTHON``)."""
+    if not any(isinstance(finder, _SourceFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFirst())

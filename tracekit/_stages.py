@@ -1,0 +1,228 @@
+"""Opening and closing stage ledgers, and timing their code: what every form of
+``tracekit.stage`` shares.
+
+A stage's ledger is opened under the current one (:data:`tracekit._context.current_ledger`),
+or as the root of a tree of its own when no request is being traced (a "standalone" stage:
+its parent is the application's current OpenTelemetry span, if any). Bound ledgers become
+the current one until they close, so nested stages find their parent and outgoing calls
+propagate the innermost stage (:class:`tracekit._runtime.LedgerSpan`).
+
+How the code is timed (see also :mod:`tracekit._steps`):
+
+- a sync call is one step, nested in whatever step is open on its thread;
+- an async stage or a block entered while a tracekit driver steps its task takes the open
+  step over (:func:`tracekit._accounting.switch`) and hands it back when it leaves; an async
+  stage entered anywhere else gets a driver of its own;
+- a block entered in a task that no driver steps (a child task of ``asyncio.gather``, say)
+  keeps wall time only: its suspensions could not be seen, and a step left open across one
+  would be charged with other tasks' work.
+
+Everything here runs on the request path: a bookkeeping failure is logged once
+(:func:`tracekit._failsafe.internal_error`) and never reaches the application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextvars import Token
+
+from opentelemetry import context as otel_context
+
+from tracekit import _accounting, _clock, _loop, _runtime, semconv
+from tracekit._accounting import Ledger, Site
+from tracekit._context import get_ledger, reset_ledger, set_ledger
+from tracekit._failsafe import internal_error
+from tracekit._request import new_span_id
+
+_get_running_loop = asyncio._get_running_loop
+_current_task = asyncio.current_task
+# enter()'s "outer" for a stage that takes no step: an async stage that drives itself, or a
+# block that keeps wall time only.
+NO_STEP = Ledger(Site("no step", "other"), None, None, 0)
+
+
+def on_loop() -> bool:
+    """Whether the calling thread is running an event loop (its CPU holds that loop)."""
+    return _get_running_loop() is not None
+
+
+def open_ledger(site: Site, bind: bool = True, start: int = 0) -> Ledger | None:
+    """Start a ledger for ``site`` under the current one; None when nothing is recorded.
+
+    Args:
+        site: what the ledger accounts for.
+        bind: make it the current ledger until :func:`close_ledger`.
+        start: its start time (default: now).
+    """
+    parent = get_ledger()
+    if parent is None:  # a stage outside any request: a tree of its own
+        request = _runtime.standalone_request()
+        if request is None:
+            return None
+        led = Ledger(site, request, None, new_span_id(), start)
+        request.span_id = led.span_id
+        request.start = led.start
+        request.root = led
+        if bind:
+            led.otel_token = otel_context.attach(_runtime.request_context(request))
+    else:
+        request = parent.request
+        if request is None:  # the request is not sampled
+            return None
+        led = Ledger(site, request, parent, new_span_id(), start)
+    if bind:
+        led.token = set_ledger(led)
+    return led
+
+
+def close_ledger(led: Ledger, error: BaseException | None, end: int = 0) -> None:
+    """Close ``led`` at ``end`` (default: now), unbind it, and hand a finished standalone
+    tree to the runtime; never raises."""
+    try:
+        _accounting.close(led, end)
+        if error is not None:
+            led.error = error
+        if led.otel_token is not None:
+            otel_context.detach(led.otel_token)  # type: ignore[arg-type]
+        if led.token is not None:
+            reset_ledger(led.token)
+            led.token = None
+        request = led.request
+        if led.parent is None and request is not None:  # a standalone tree is complete
+            request.end = led.end
+            request.runtime.submit(request)
+    except Exception:
+        internal_error("stage close")
+
+
+# --- sync calls: one step, nested in the open one -------------------------------------------
+def step_in(led: Ledger, now: int) -> None:
+    """Begin a step of ``led`` nested in the step open on this thread (a sync call, or one
+    ``next()`` of a sync generator stage); outside any step it is an outermost slice."""
+    state = led.state = _loop.thread_state()
+    if state.top is None and not state.slice_start:
+        _loop.slice_begin(state, now)
+    _accounting.step_begin(led, state, now, _loop.cpu_now(state, now))
+
+
+def step_out(led: Ledger) -> int:
+    """End the step :func:`step_in` began; returns the wall time."""
+    end = _clock.wall_ns()
+    state = led.state
+    cpu = _loop.cpu_now(state, end)
+    loop = _get_running_loop() is not None
+    outermost = led.prev_top is None and state.slice_start == led.step_t0
+    _accounting.step_end(led, state, end, cpu, loop)
+    if outermost:
+        _loop.slice_end(state, end, loop)
+    return end
+
+
+def call_begin(site: Site) -> Ledger | None:
+    """Open a sync stage and begin its one step (the call); None when not recording."""
+    try:
+        now = _clock.wall_ns()
+        led = open_ledger(site, True, now)
+        if led is not None:
+            step_in(led, now)
+        return led
+    except Exception:
+        internal_error("stage start")
+        return None
+
+
+def call_end(led: Ledger, error: BaseException | None) -> None:
+    """End a sync stage's step (the call) and close the stage."""
+    end = 0
+    try:
+        end = step_out(led)
+    except Exception:
+        internal_error("stage end")
+    close_ledger(led, error, end)
+
+
+def call_end_counting(led: Ledger, result: object) -> None:
+    """:func:`call_end` for a tokenize stage that returned ``result``: its token count goes
+    on the span (``tracekit.tokens``) when the result is one tokenizers make."""
+    try:
+        tokens = token_count(result)
+        if tokens is not None:
+            led.set_attribute(semconv.TOKENS, tokens)
+    except Exception:
+        internal_error("token count")
+    call_end(led, None)
+
+
+def token_count(result: object) -> int | None:
+    """Token count of a tokenizer's result: a list of ids, an HF ``Encoding`` (``.ids``), or
+    a list of those; None for anything else."""
+    if isinstance(result, list):
+        if not result:
+            return None
+        first = result[0]
+        if isinstance(first, int):
+            return len(result)
+        if isinstance(getattr(first, "ids", None), list):
+            return sum(len(item.ids) for item in result)
+        return None
+    ids = getattr(result, "ids", None)
+    return len(ids) if isinstance(ids, list) else None
+
+
+# --- async stages and blocks: take the open step over, or drive it ---------------------------
+def enter(site: Site, block: bool) -> tuple[Ledger, Ledger | None] | None:
+    """Open an async stage (``block`` false) or a block: ``(ledger, outer)``, where ``outer``
+    is the ledger whose step it took over (None if none was open), or :data:`NO_STEP` when
+    it takes no step (see the module doc); None when not recording."""
+    try:
+        state = _loop.thread_state()
+        loop = _get_running_loop()
+        if loop is None:
+            steps = block  # sync code outside any loop: no suspension can hide in a block
+        else:
+            steps = state.top is not None and state.task is _current_task(loop)
+        if not steps:
+            led = open_ledger(site)
+            return None if led is None else (led, NO_STEP)
+        now = _clock.wall_ns()
+        cpu = _loop.cpu_now(state, now)
+        led = open_ledger(site, True, now)
+        if led is None:
+            return None
+        outer = state.top
+        if outer is not None:
+            _accounting.step_end(outer, state, now, cpu, loop is not None)
+        _accounting.step_begin(led, state, now, cpu)
+        led.state = state
+        return led, outer
+    except Exception:
+        internal_error("stage start")
+        return None
+
+
+def leave(led: Ledger, outer: Ledger | None, error: BaseException | None) -> None:
+    """Close what :func:`enter` opened, handing the step back to ``outer``."""
+    end = 0
+    try:
+        # Not on top: left from outside its step (coroutine close(), an unbalanced exit).
+        if outer is not NO_STEP and led.state.top is led:
+            end = _accounting.switch(led.state, led, outer, _get_running_loop() is not None)
+    except Exception:
+        internal_error("stage end")
+    close_ledger(led, error, end)
+
+
+def bind(led: Ledger) -> tuple[Token[Ledger | None], object]:
+    """Make ``led`` current (generator stages, for each iteration); returns what to unbind."""
+    otel_token = None
+    if led.parent is None and led.request is not None:
+        otel_token = otel_context.attach(_runtime.request_context(led.request))
+    return set_ledger(led), otel_token
+
+
+def unbind(ledger_token: Token[Ledger | None] | None, otel_token: object) -> None:
+    """Undo :func:`bind`."""
+    if otel_token is not None:
+        otel_context.detach(otel_token)  # type: ignore[arg-type]
+    if ledger_token is not None:
+        reset_ledger(ledger_token)
