@@ -49,6 +49,8 @@ __all__ = ["typed_spans"]
 _KINDS: dict[object, str] = dict(enumerate(SPAN_KINDS))
 _KINDS.update({f"SPAN_KIND_{name.upper()}": name for name in SPAN_KINDS})
 _ERROR_CODES = (2, "STATUS_CODE_ERROR")
+_fromhex = bytes.fromhex
+_ZERO_SPAN = "0" * 16
 
 # What the generic reader takes without cutting: longer values go the generic way (and are cut
 # and counted there). Integers as JSON numbers: orjson reads those beyond 64 bits as floats.
@@ -95,6 +97,10 @@ class _KeyValue(msgspec.Struct, gc=False):
 _Attributes = Annotated[list[_KeyValue], Meta(max_length=MAX_ATTRIBUTES)]
 
 
+# The default of _Span.events (one shared object: absent events are an identity check).
+_NO_EVENTS = msgspec.Raw(b"null")
+
+
 class _Status(msgspec.Struct, gc=False):
     code: _Int | str | None = None
 
@@ -110,7 +116,7 @@ class _Span(msgspec.Struct, gc=False):
     attributes: _Attributes | None = None
     status: _Status | None = None
     # Rare in tracekit's spans: kept as raw JSON and converted by the generic reader.
-    events: msgspec.Raw | None = None
+    events: msgspec.Raw = _NO_EVENTS
 
 
 class _Scope(msgspec.Struct, gc=False):
@@ -187,15 +193,18 @@ def _span(raw: _Span, service: str) -> Span:
     tid = raw.traceId
     tid = TRACE_IDS.get(tid) or trace_id(tid)
     sid = raw.spanId
-    sid = SPAN_IDS.get(sid) or span_id(sid)
+    # A span's own id is seen once: check the canonical form (16 lowercase hex digits, not
+    # all zeros) in C rather than going through the cache. A non-hex id raises ValueError.
+    if len(sid) != 16 or _fromhex(sid).hex() != sid or sid == _ZERO_SPAN:
+        sid = SPAN_IDS.get(sid) or span_id(sid)
     pid = raw.parentSpanId
     pid = (SPAN_IDS.get(pid) or parent_id(pid)) if pid else None
     if pid == sid:
         raise _NotExact
     status = raw.status
     events: Any = raw.events
-    if events is not None:
-        events = orjson.loads(events)
+    if events is not _NO_EVENTS:
+        events = orjson.loads(memoryview(events))
         if events:
             stats = ReadStats()
             events = _events(events, stats)
@@ -212,7 +221,7 @@ def _span(raw: _Span, service: str) -> Span:
         service,
         attributes(raw.attributes) if raw.attributes else {},
         status is not None and status.code in _ERROR_CODES,
-        events or [],
+        events if events is not _NO_EVENTS and events else [],
     )
 
 
@@ -230,9 +239,16 @@ def attributes(kvs: list[_KeyValue]) -> dict[str, Any]:
         if x is UNSET:
             x = value.stringValue
             if x is UNSET:
-                x = _value(value)
-                if x is None:
-                    continue
+                x = value.intValue
+                if x is not UNSET:
+                    if type(x) is str:
+                        x = int(x)
+                else:
+                    x = value.boolValue
+                    if x is UNSET:
+                        x = _value(value)
+                        if x is None:
+                            continue
         out[kv.key] = x
     return out
 

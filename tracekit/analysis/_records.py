@@ -134,43 +134,53 @@ def stage_record(span: Span) -> StageRecord:
     if type(stage_name) is not str:
         stage_name = str(stage_name)
     name = _SHARED.get(stage_name) or share(stage_name)
+    # Hot path (one call per stage span): every value in one C-level pass over the keys,
+    # the common well-formed float taken inline, anything else through the helpers.
+    kind, wall, cpu, wait, loop_wait, children, max_block, on_loop, slices, waits, blocked_at, \
+        function, namespace = map(get, _STAGE_KEYS)  # fmt: skip
     # The semconv constant itself, so that every record shares one string object.
-    kind = get(semconv.STAGE_KIND)
     kind = (
         (_KINDS.get(kind) if type(kind) is str else None) or _KINDS.get(name) or semconv.KIND_OTHER
     )
-    # Hot path (one call per stage span): the common well-formed float is taken inline,
-    # anything else goes through _ms.
-    v = get(semconv.WALL_MS)
-    wall = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.CPU_MS)
-    cpu = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.WAIT_MS)
-    wait = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.LOOP_WAIT_MS)
-    loop_wait = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.CHILDREN_MS)
-    children = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.MAX_BLOCK_MS)
-    max_block = v if type(v) is float and 0.0 <= v < _INF else _ms(v)
-    v = get(semconv.ON_LOOP)
-    on_loop = v if type(v) is bool else _flag(v)
-    v = get(semconv.LOOP_SLICES_US)
-    slices = decode_pairs(v, start) if v is not None else []
-    v = get(semconv.LOOP_WAITS_US)
-    waits = decode_pairs(v, start) if v is not None else []
-    v = get(semconv.BLOCKED_AT)
-    blocked_at = (_SHARED.get(v) or share(v)) if type(v) is str and v else None
-    v = get(semconv.CODE_FUNCTION)
-    function = (_SHARED.get(v) or share(v)) if type(v) is str and v else None
-    v = get(semconv.CODE_NAMESPACE)
-    namespace = (_SHARED.get(v) or share(v)) if type(v) is str and v else None
+    if not (type(wall) is float and 0.0 <= wall < _INF):
+        wall = _ms(wall)
+    if not (type(cpu) is float and 0.0 <= cpu < _INF):
+        cpu = _ms(cpu)
+    if not (type(wait) is float and 0.0 <= wait < _INF):
+        wait = _ms(wait)
+    if not (type(loop_wait) is float and 0.0 <= loop_wait < _INF):
+        loop_wait = _ms(loop_wait)
+    if not (type(children) is float and 0.0 <= children < _INF):
+        children = _ms(children)
+    if not (type(max_block) is float and 0.0 <= max_block < _INF):
+        max_block = _ms(max_block)
+    if type(on_loop) is not bool:
+        on_loop = _flag(on_loop)
+    slices = decode_pairs(slices, start) if slices is not None else []
+    waits = decode_pairs(waits, start) if waits is not None else []
+    if blocked_at is not None:
+        blocked_at = _text(blocked_at)
+    if type(function) is str and function:
+        function = _SHARED.get(function) or share(function)
+    else:
+        function = None
+    if type(namespace) is str and namespace:
+        namespace = _SHARED.get(namespace) or share(namespace)
+    else:
+        namespace = None
     return StageRecord(
         name, kind, span.span_id, span.parent_id, start, end_ns, span.kind,
         (end_ns - start) / 1e6 if wall is None else wall,
         cpu, wait, loop_wait, children, max_block, on_loop, blocked_at, function, namespace,
         slices, waits, a,
     )  # fmt: skip
+
+
+_STAGE_KEYS = (
+    semconv.STAGE_KIND, semconv.WALL_MS, semconv.CPU_MS, semconv.WAIT_MS, semconv.LOOP_WAIT_MS,
+    semconv.CHILDREN_MS, semconv.MAX_BLOCK_MS, semconv.ON_LOOP, semconv.LOOP_SLICES_US,
+    semconv.LOOP_WAITS_US, semconv.BLOCKED_AT, semconv.CODE_FUNCTION, semconv.CODE_NAMESPACE,
+)  # fmt: skip
 
 
 def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
@@ -196,18 +206,29 @@ def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
     v = get(semconv.LOOP_WAITS_US)
     waits = decode_pairs(v, start) if v is not None else []
     route = route_of(span)
+    # The durations: the well-formed float inline (as in stage_record), the rest via _ms.
+    ms = [
+        v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+        for v in map(get, _REQUEST_MS)
+    ]
     return RequestRecord(
         span.trace_id, span.span_id, span.service, _SHARED.get(route) or share(route),
         start, span.end_ns if span.end_ns > start else start,
         status, span.error or (status is not None and status >= 500), instrumented,
-        _ms(get(semconv.CPU_MS)), _ms(get(semconv.LOOP_WAIT_MS)), _ms(get(semconv.MODEL_WAIT_MS)),
-        _ms(get(semconv.IO_WAIT_MS)), _ms(get(semconv.OVERHEAD_MS)),
-        _ms(get(semconv.MAX_BLOCK_MS)), _text(get(semconv.BLOCKED_AT)),
-        _ms(get(semconv.TTFB_MS)), _ms(get(semconv.TTFT_MS)), _ms(get(semconv.ITL_P50_MS)),
-        _ms(get(semconv.ITL_P95_MS)), _ms(get(semconv.ITL_MAX_MS)), _ms(get(semconv.TPOT_MS)),
+        ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], _text(get(semconv.BLOCKED_AT)),
+        ms[6], ms[7], ms[8], ms[9], ms[10], ms[11],
         _count(get(semconv.CHUNKS)), _count(get(semconv.INFLIGHT)),
         slices, waits, stages, a,
     )  # fmt: skip
+
+
+# The request's duration attributes, in RequestRecord's field order (around blocked_at).
+_REQUEST_MS = (
+    semconv.CPU_MS, semconv.LOOP_WAIT_MS, semconv.MODEL_WAIT_MS, semconv.IO_WAIT_MS,
+    semconv.OVERHEAD_MS, semconv.MAX_BLOCK_MS,
+    semconv.TTFB_MS, semconv.TTFT_MS, semconv.ITL_P50_MS, semconv.ITL_P95_MS,
+    semconv.ITL_MAX_MS, semconv.TPOT_MS,
+)  # fmt: skip
 
 
 def compact(req: RequestRecord) -> RequestRecord:

@@ -51,6 +51,7 @@ __all__ = [
     "StageStats",
     "breakdown",
     "function_of",
+    "sample_key",
 ]
 
 
@@ -208,6 +209,11 @@ def _entry(req: RequestRecord) -> _Entry:
 
 def _key(entry: _Entry) -> SampleKey:
     return entry[:3]
+
+
+def sample_key(req: RequestRecord) -> SampleKey:
+    """The key the sample orders requests by: the larger, the earlier (start, then ids)."""
+    return _entry(req)[:3]
 
 
 def _order(req: RequestRecord) -> tuple[int, str, str]:

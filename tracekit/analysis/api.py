@@ -11,6 +11,7 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from tracekit.analysis._source_common import ReadStats
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.assemble import assemble
 from tracekit.analysis.model import Span
@@ -56,12 +57,19 @@ def analyze(
         TraceFormatError: the input is not a trace file tracekit can read.
         ConfigurationError: a bad ``slo``, or a ``route`` that no request has.
 
-    Cost: linear in the spans read (about 10 µs per span); memory bounded by the assembly
-    window (10,000 traces), routes x stages and a 20,000-request sample.
+    Cost: linear in the spans read; memory bounded by the assembly window (10,000 spans of
+    open traces), routes x stages and a 20,000-request sample. A large OTLP JSON Lines file
+    is read by one process per CPU (``TRACEKIT_ANALYZE_WORKERS`` sets how many), with the
+    same result (:mod:`tracekit.analysis._parallel`; figures in
+    ``docs/performance-analyzer.md``).
     """
     from tracekit.analysis.sources import read_spans
 
     targets = parse_slo(slo)
+    if service is None and limit is None and lookback == "1h":
+        report = _analyze_in_parallel(source, route, targets)
+        if report is not None:
+            return report
     counter = _SpanCounter()
     stream = read_spans(source, service=service, lookback=lookback, limit=limit)
     try:
@@ -70,13 +78,51 @@ def analyze(
         )
     finally:
         stream.close()
-    stats = stream.stats
+    _warn(report, stream.stats)
+    return report
+
+
+def _warn(report: Report, stats: ReadStats) -> None:
     if stats.skipped:
         first = f" (first: {stats.reasons[0]})" if stats.reasons else ""
         report.warnings.append(f"skipped {stats.skipped:,} malformed spans{first}")
     if stats.truncated:
         report.warnings.append(f"cut {stats.truncated:,} oversized attribute values or lists")
+
+
+def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:
+    # A large OTLP JSON Lines file on more than one CPU; None: read it in one pass instead.
+    from tracekit.analysis import _parallel
+
+    path = _parallel.file_path(source)
+    if path is None:
+        return None
+    plan = _parallel.plan_file(path, path, workers=_parallel.worker_count())
+    if plan is None:
+        return None
+    with _gc_paused():
+        try:
+            agg, found = _parallel.analyze_plan(plan, _parallel.Settings(slo=slo, route=route))
+        except OSError:  # no worker process could be started here: one pass it is
+            return None
+        _check_route(route, found.matched, found.others)
+        report = build_report(
+            agg,
+            source=path,
+            spans=found.spans,
+            services=sorted(found.services),
+            routes=found.matched if route is not None else None,
+        )
+    _warn(report, found.stats)
     return report
+
+
+def _check_route(route: str | None, matched: Iterable[str], others: Iterable[str]) -> None:
+    others = list(others)
+    if route is not None and not any(True for _ in matched) and others:
+        raise ConfigurationError(
+            f"no request has route {route!r}; routes seen include: {', '.join(others)}"
+        )
 
 
 def analyze_spans(
@@ -137,10 +183,7 @@ def _pipeline(
             if len(others) < _ROUTES_QUOTED:
                 others[req.route] = None
             agg.add(req, counted=False)
-    if route is not None and not matched and others:
-        raise ConfigurationError(
-            f"no request has route {route!r}; routes seen include: {', '.join(others)}"
-        )
+    _check_route(route, matched, others)
     return build_report(
         agg,
         source=source,

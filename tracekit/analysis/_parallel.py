@@ -1,0 +1,507 @@
+"""``tracekit analyze`` of a large OTLP JSON Lines file on every core: byte ranges, one process each.
+
+The file is cut at line starts into one byte range per worker process. Each worker reads its
+range (the typed fast path, :mod:`tracekit.analysis._otlp_typed`), assembles and aggregates
+it, and the parent merges the aggregates (:meth:`Aggregator.merge`) and builds the report.
+The result is the one a single pass gives (a test compares whole reports):
+
+- Assembly decides from positions only (:mod:`tracekit.analysis.assemble`), and what happens
+  to a trace before a boundary can matter for at most ``Window.reach`` spans after it. So
+  worker k > 0 sets aside the spans of every trace it first sees within ``reach`` spans of
+  its start (and all their later spans); after its range it receives the state worker k - 1
+  ended with (open traces and remembered flushes, positions carried over), and assembles the
+  set-aside spans on that state -- exactly as one pass would have. It then hands its own end
+  state to worker k + 1. A trace that straddles a boundary is thus assembled whole.
+- Aggregation is independent of the order requests come in, and merges exactly.
+- The sample: each worker sends the sort keys of its kept requests; the parent picks the
+  cut-off of the earliest ``sample_size`` overall and asks each worker for those only.
+
+Errors stay those of a single pass: the first failing range in file order raises its
+one-line error (line numbers are counted from the start of the file when a message needs one).
+
+Cost: one process start per worker (~0.2 s), the set-aside spans (at most ``reach`` spans,
+plus later spans of those traces) assembled after the range, the end state (the open
+traces, ~``flush_after`` spans) pickled between neighbours, the statistics and a share of the
+sample pickled to the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracekit.analysis._jaeger_json import jaeger_spans
+from tracekit.analysis._otlp_json import is_otlp, otlp_spans
+from tracekit.analysis._otlp_typed import typed_spans
+from tracekit.analysis._source_common import ReadStats
+from tracekit.analysis.aggregate import Aggregator, sample_key
+from tracekit.analysis.assemble import Window
+from tracekit.analysis.model import RequestRecord, Span
+from tracekit.analysis.slo import SLO
+from tracekit.errors import TracekitError
+
+#: Smallest file and byte range read in parallel (smaller ones are not worth a process).
+MIN_RANGE_BYTES = 64 * 2**20
+#: Most worker processes.
+MAX_WORKERS = 16
+#: Spans read before assembling them: reading and assembling in long runs each is faster
+#: than alternating line by line (measured ~20%: their working sets stop evicting each other).
+BATCH_SPANS = 8192
+ENV_WORKERS = "TRACEKIT_ANALYZE_WORKERS"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where the workers' byte ranges start and end (``bounds[k]`` .. ``bounds[k + 1]``)."""
+
+    path: str
+    name: str
+    bounds: tuple[int, ...]
+
+
+@dataclass
+class Partial:
+    """What a worker sends the parent once its range is done (the sample follows apart)."""
+
+    aggregator: Aggregator
+    stats: ReadStats
+    spans: int
+    services: list[str]
+    matched: list[str]
+    others: list[str]
+    sample_keys: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every worker needs besides its range."""
+
+    slo: SLO | None
+    route: str | None
+    max_open_traces: int = 10_000
+    flush_after: int = 10_000
+    sample_size: int = 20_000
+    max_services: int = 1_000
+    routes_quoted: int = 10
+
+
+def worker_count(requested: int | None = None) -> int:
+    """How many workers to use: ``requested``, else ``TRACEKIT_ANALYZE_WORKERS``, else the CPUs.
+
+    A bad value in the environment is ignored (with a warning) as the other settings are.
+    """
+    if requested is not None:
+        return max(1, requested)
+    text = os.environ.get(ENV_WORKERS)
+    if text:
+        try:
+            value = int(text)
+            if value >= 1:
+                return value
+        except ValueError:
+            pass
+        import warnings
+
+        warnings.warn(f"{ENV_WORKERS}={text!r} is not a positive integer; ignored", stacklevel=2)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def plan_file(
+    path: str, name: str, *, workers: int, min_range_bytes: int = MIN_RANGE_BYTES
+) -> Plan | None:
+    """Byte ranges for ``workers`` processes, or ``None`` when one pass should read the file.
+
+    Only a regular, uncompressed file of OTLP JSON Lines (its first line a ``TracesData``,
+    followed by more) large enough for two ranges is split; anything else, including every
+    error, is left to the single pass, which reports it as it always does.
+    """
+    if workers < 2:
+        return None
+    try:
+        size = os.stat(path).st_size
+        count = min(workers, MAX_WORKERS, size // max(1, min_range_bytes))
+        if count < 2:
+            return None
+        with open(path, "rb") as file:
+            if file.read(2) == b"\x1f\x8b":
+                return None  # gzip
+            file.seek(0)
+            first = _first_content(file)
+            if first is None or not is_otlp(orjson.loads(first.removeprefix(b"\xef\xbb\xbf"))):
+                return None
+            if _first_content(file) is None:
+                return None  # a single document, not JSON Lines
+            bounds = [0]
+            for k in range(1, count):
+                file.seek(max(size * k // count - 1, bounds[-1]))
+                file.readline()  # to the next line start
+                at = file.tell()
+                if bounds[-1] < at < size:
+                    bounds.append(at)
+            bounds.append(size)
+    except (OSError, ValueError):
+        return None
+    return Plan(path, name, tuple(bounds)) if len(bounds) > 2 else None
+
+
+def _first_content(file: Any) -> bytes | None:
+    for line in file:
+        if not line.isspace():
+            return bytes(line)
+    return None
+
+
+def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
+    """Run the workers of ``plan`` and merge what they found.
+
+    Workers are fresh interpreters (``python -c``), not multiprocessing children: those
+    would re-import the caller's main script, which a plain script calling
+    ``tracekit.analyze`` does not guard. They talk over inherited socket and pipe descriptors.
+
+    Returns:
+        The merged aggregator (with the sample) and the merged :class:`Partial` (counts,
+        read statistics, services, route names).
+
+    Raises:
+        TracekitError: the error of the first range (in file order) that failed.
+        OSError: a worker could not be started.
+    """
+    ranges = len(plan.bounds) - 1
+    links = [os.pipe() for _ in range(ranges - 1)]  # worker k - 1 -> worker k
+    pairs = [socket.socketpair() for _ in range(ranges)]  # parent <-> worker k
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for k in range(ranges):
+            ends = [
+                pairs[k][1].fileno(),
+                links[k - 1][0] if k > 0 else -1,
+                links[k][1] if k < ranges - 1 else -1,
+            ]
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, *map(str, ends)],
+                    pass_fds=[fd for fd in ends if fd >= 0],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+    except BaseException:
+        for process in processes:
+            process.kill()
+        raise
+    finally:
+        for read_end, write_end in links:  # the workers hold their own copies now
+            os.close(read_end)
+            os.close(write_end)
+        for _, child in pairs:
+            child.close()
+    connections = [Connection(parent.detach()) for parent, _ in pairs]
+    try:
+        for k, connection in enumerate(connections):
+            connection.send((plan, k, settings))
+        return _collect(settings, connections)
+    finally:
+        for connection in connections:
+            connection.close()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - only after an error elsewhere
+                process.kill()
+                process.wait()
+
+
+_BOOT = "import sys; from tracekit.analysis._parallel import worker_main; worker_main(sys.argv[1:])"
+
+
+def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggregator, Partial]:
+    partials: list[Partial] = []
+    for k, connection in enumerate(connections):
+        kind, payload = _receive(connection, k)
+        if kind != "ok":
+            for each in connections:
+                each.close()
+            _raise(kind, payload)
+        partials.append(payload)
+    keys = [key for partial in partials for key in partial.sample_keys]
+    cutoff = None
+    if len(keys) > settings.sample_size:
+        cutoff = heapq.nlargest(settings.sample_size, keys)[-1]
+    for connection in connections:
+        connection.send(cutoff)
+    merged = Aggregator(slo=settings.slo, sample_size=settings.sample_size)
+    total = Partial(merged, ReadStats(format="otlp-jsonl"), 0, [], [], [])
+    services: dict[str, None] = {}
+    matched: dict[str, None] = {}
+    others: dict[str, None] = {}
+    for k, (partial, connection) in enumerate(zip(partials, connections, strict=True)):
+        merged.merge(partial.aggregator, sample=False)
+        kind, sample = _receive(connection, k)
+        if kind != "sample":
+            _raise(kind, sample)
+        merged.adopt_sample(sample)
+        total.spans += partial.spans
+        total.stats.skipped += partial.stats.skipped
+        total.stats.truncated += partial.stats.truncated
+        total.stats.reasons.extend(partial.stats.reasons)
+        services.update(dict.fromkeys(partial.services))
+        matched.update(dict.fromkeys(partial.matched))
+        others.update(dict.fromkeys(partial.others))
+    del total.stats.reasons[10:]
+    total.services = list(services)[: settings.max_services]
+    total.matched = list(matched)
+    total.others = [r for r in others if r not in matched][: settings.routes_quoted]
+    return merged, total
+
+
+def _receive(connection: Connection, k: int) -> tuple[str, Any]:
+    try:
+        message: tuple[str, Any] = connection.recv()
+    except EOFError:
+        return "crash", f"worker {k} exited without a result"
+    return message
+
+
+def _raise(kind: str, payload: Any) -> None:
+    if kind == "error" and isinstance(payload, TracekitError):
+        raise payload
+    raise RuntimeError(f"tracekit analyze: a worker failed:\n{payload}")
+
+
+# --- the worker ------------------------------------------------------------------------------
+def worker_main(argv: list[str]) -> None:
+    """Entry point of a worker process: ``PARENT_FD PREVIOUS_FD FOLLOWING_FD`` (-1: none)."""
+    parent_fd, previous_fd, following_fd = (int(arg) for arg in argv)
+    parent = Connection(parent_fd)
+    previous = Connection(previous_fd, writable=False) if previous_fd >= 0 else None
+    following = Connection(following_fd, readable=False) if following_fd >= 0 else None
+    plan, k, settings = parent.recv()
+    _work(plan, k, settings, previous, following, parent)
+
+
+def _work(
+    plan: Plan,
+    k: int,
+    settings: Settings,
+    previous: Connection | None,
+    following: Connection | None,
+    parent: Connection,
+) -> None:
+    import gc
+
+    gc.disable()  # as analyze() does: millions of acyclic objects, see api._gc_paused
+    worker = _Worker(plan, k, settings)
+    handed_on = False
+    try:
+        worker.read()
+        try:
+            state = previous.recv() if previous is not None else ([], {})
+        except EOFError:
+            state = None
+        if state is None:  # the previous range failed: its error is the one reported
+            raise _Abandoned
+        worker.assemble_set_aside(state)
+        if following is not None:
+            following.send(worker.end_state())
+            handed_on = True
+        else:
+            worker.finish()
+        kept = worker.aggregator.take_sample(None)
+        partial = worker.partial([sample_key(r) for r in kept])
+        parent.send(("ok", partial))
+        cutoff = parent.recv()
+        parent.send(("sample", [r for r in kept if cutoff is None or sample_key(r) >= cutoff]))
+    except _Abandoned:
+        parent.send(("abandoned", None))
+    except TracekitError as exc:
+        parent.send(("error", exc))
+    except BaseException:
+        parent.send(("crash", traceback.format_exc()))
+    finally:
+        if following is not None and not handed_on:
+            with contextlib.suppress(OSError):
+                following.send(None)
+
+
+class _Abandoned(Exception):
+    pass
+
+
+class _Worker:
+    """One byte range: read, assemble (setting aside traces near its start), aggregate."""
+
+    def __init__(self, plan: Plan, k: int, settings: Settings) -> None:
+        self.plan = plan
+        self.k = k
+        self.settings = settings
+        self.stats = ReadStats(format="otlp-jsonl")
+        self.aggregator = Aggregator(slo=settings.slo, sample_size=settings.sample_size)
+        self.window = Window(settings.max_open_traces, settings.flush_after)
+        self.sim = Window(settings.max_open_traces, settings.flush_after)
+        self.spans = 0
+        self.services: dict[str, None] = {}
+        self.matched: dict[str, None] = {}
+        self.others: dict[str, None] = {}
+        self.reach = self.window.reach if k > 0 else 0
+        self.head: set[str] = set()
+        self.set_aside: list[tuple[int, Span | None]] = []
+        self._first_line: int | None = None
+
+    def read(self) -> None:
+        """Read, assemble and aggregate the range (as far as it does not need its neighbour)."""
+        from tracekit.analysis.sources import _guard
+
+        batch: list[Span] = []
+        for spans in _guard(self._lines(), self.plan.name):
+            batch.extend(spans)
+            if len(batch) >= BATCH_SPANS:
+                self._assemble(batch)
+                batch = []
+        self._assemble(batch)
+
+    def _assemble(self, batch: list[Span]) -> None:
+        for req in self.window.run(self._positioned(batch)):
+            self._add(req)
+
+    def _positioned(self, batch: list[Span]) -> Iterator[tuple[int, Span | None]]:
+        n = self.spans
+        services = self.services
+        head = self.head
+        reach = self.reach
+        limit = self.settings.max_services
+        for span in batch:
+            n += 1
+            service = span.service
+            if service and service not in services and len(services) < limit:
+                services[service] = None
+            if reach:
+                # A trace first seen within reach of the range's start may continue one of
+                # the previous range: all its spans wait for that range's end state.
+                trace_id = span.trace_id
+                if n <= reach:
+                    head.add(trace_id)
+                if trace_id in head:
+                    self.set_aside.append((n, span))
+                    yield n, None
+                    continue
+            yield n, span
+        self.spans = n
+
+    def _add(self, req: RequestRecord) -> None:
+        route = self.settings.route
+        if route is None or req.route == route or req.route.partition(" ")[2] == route:
+            self.matched[req.route] = None
+            self.aggregator.add(req)
+        else:
+            if len(self.others) < self.settings.routes_quoted:
+                self.others[req.route] = None
+            self.aggregator.add(req, counted=False)
+
+    def assemble_set_aside(self, state: tuple[list[Any], dict[str, int]]) -> None:
+        """Assemble the set-aside spans on the previous range's end state."""
+        groups, flushed = state
+        self.sim.adopt(groups, flushed)
+        for req in self.sim.run(self.set_aside):
+            self._add(req)
+        self.set_aside = []
+        end = self.spans + 1
+        for window in (self.window, self.sim):
+            for req in window.sweep(end):
+                self._add(req)
+
+    def end_state(self) -> tuple[list[Any], dict[str, int]]:
+        """The open traces and remembered flushes, in the next range's positions."""
+        groups, flushed = self.window.state(self.spans)
+        more_groups, more_flushed = self.sim.state(self.spans)
+        for trace_id, at in more_flushed.items():
+            flushed[trace_id] = max(at, flushed.get(trace_id, at))
+        return groups + more_groups, flushed
+
+    def finish(self) -> None:
+        """The file ends here: flush everything."""
+        for window in (self.window, self.sim):
+            for req in window.finish():
+                self._add(req)
+
+    def partial(self, sample_keys: list[Any]) -> Partial:
+        return Partial(
+            self.aggregator,
+            self.stats,
+            self.spans,
+            list(self.services),
+            list(self.matched),
+            list(self.others),
+            sample_keys,
+        )
+
+    # --- reading ---------------------------------------------------------------------------
+    def _lines(self) -> Iterator[list[Span]]:
+        start, end = self.plan.bounds[self.k], self.plan.bounds[self.k + 1]
+        with open(self.plan.path, "rb") as file:
+            file.seek(start)
+            at = start
+            for index, line in enumerate(file):
+                at += len(line)
+                if not line.isspace():
+                    if at == len(line) and start == 0:
+                        line = line.removeprefix(b"\xef\xbb\xbf")
+                    spans = typed_spans(line)
+                    yield spans if spans is not None else self._generic(line, index)
+                if at >= end:
+                    return
+
+    def _generic(self, line: bytes, index: int) -> list[Span]:
+        # As sources._file_spans does for a line the fast path leaves: parse, detect, read.
+        from tracekit.analysis.sources import _family, _guard, _parse
+
+        where = f"{self.plan.name}: line {self._line_number(index)}"
+        name = self.plan.name
+
+        def spans() -> Iterator[Span]:
+            doc = _parse(line, where)
+            if _family(doc, where) == "otlp":
+                yield from otlp_spans(doc, self.stats, where)
+            else:
+                yield from jaeger_spans(doc, self.stats, where)
+
+        return list(_guard(spans(), name))
+
+    def _line_number(self, index: int) -> int:
+        if self._first_line is None:
+            start = self.plan.bounds[self.k]
+            newlines = 0
+            with open(self.plan.path, "rb") as file:
+                while file.tell() < start:
+                    chunk = file.read(min(2**22, start - file.tell()))
+                    if not chunk:
+                        break
+                    newlines += chunk.count(b"\n")
+            self._first_line = newlines + 1
+        return self._first_line + index
+
+
+def file_path(source: Any) -> str | None:
+    """``source`` as a local path the parallel reader may take, else ``None``."""
+    if isinstance(source, str | bytes | os.PathLike):
+        name = os.fsdecode(source)
+        if "://" not in name and Path(name).is_file():
+            return name
+    return None
