@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
+from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.analysis.findings import Fix
@@ -373,3 +373,47 @@ def test_stability_replays_exactly_the_earliest_n_requests() -> None:
     assert part["validation"] != full["validation"]
     assert Replayer(ReplayConfig(max_requests=60)).validate(records).to_dict() == full["validation"]
     assert [f[:3] for f in part["findings"]] == [f[:3] for f in full["findings"]]
+
+
+def _with_endpoint_span(records: list) -> list:
+    # What FastAPI's own instrumentation adds: a plain span beside the stages (same parent),
+    # covering them all, so that they sit inside one cluster of overlapping children.
+    for req in records:
+        start = (req.stages[0].start_ns - BASE_NS) / 1e6
+        end = (req.end_ns - BASE_NS) / 1e6
+        req.stages.insert(0, stage("fastapi.endpoint", start, end, parent=req.span_id))
+    return records
+
+
+def test_plain_containers_let_a_gather_apply_inside_a_plain_sibling_span() -> None:
+    ops = [
+        Op("cpu", 0.3),
+        Op("cpu", 0.5, "guardrail"),
+        Op("wait", 60.0, "guardrail"),
+        Op("model", 200.0, "model"),
+        Op("cpu", 0.5, "serialize"),
+    ]
+    fix = Fix("gather", ROUTE, "guardrail", other="model")
+    plain, _ = Replayer(_config()).project(_closed_loop(ops, n=200), fix)
+    records = _with_endpoint_span(_closed_loop(ops, n=200))
+    wrapped, note = Replayer(_config(plain_containers=True)).project(records, fix)
+    assert plain is not None and wrapped is not None, note
+    assert wrapped["p50_ms"][1] == pytest.approx(plain["p50_ms"][1], rel=0.03)
+    assert wrapped["p50_ms"][0] - wrapped["p50_ms"][1] > 55.0
+    # Read as recorded (the default), the plain span's duration pins the latency.
+    pinned, _ = Replayer(_config()).project(records, fix)
+    assert pinned is not None and pinned["p50_ms"][0] - pinned["p50_ms"][1] < 1.0
+
+
+def test_a_fix_the_replay_cannot_apply_gets_a_note_not_a_projection() -> None:
+    ops = [Op("cpu", 0.3), Op("wait", 20.0, "guardrail"), Op("model", 50.0, "model")]
+    records = _closed_loop(ops, n=100)
+    replayer = Replayer(_config())
+    for fix in (
+        Fix("gather", ROUTE, "guardrail", other="retrieval"),
+        Fix("fanout", ROUTE, "model"),
+        Fix("thread", ROUTE, "tokenize"),
+    ):
+        projection, note = replayer.project(records, fix)
+        assert projection is None and note is not None and "nowhere to apply" in note, fix
+    assert replayer.project(records, Fix("gather", ROUTE, "guardrail", other="model"))[0]

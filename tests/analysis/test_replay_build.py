@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
+from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import ModelCall
 from tracekit.analysis._replay_memo import ProgramMemo
+from tracekit.analysis._replay_nodes import ReplayTree
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord
 
@@ -82,14 +83,36 @@ def _calls(req: RequestRecord, wrap: bool) -> dict[str, ModelCall]:
     }
 
 
+def _endpoint(req: RequestRecord) -> RequestRecord:
+    """``req`` with a plain span beside its stages that covers them all (FastAPI's)."""
+    start = (min(s.start_ns for s in req.stages) - BASE_NS) / 1e6
+    req.stages.insert(0, stage("endpoint", start, (req.end_ns - BASE_NS) / 1e6,
+                               parent=req.span_id))  # fmt: skip
+    return req
+
+
 @pytest.mark.parametrize("order", [1, -1])
-def test_programs_from_the_memo_equal_programs_built_afresh(order: int) -> None:
-    for req in _records():
+@pytest.mark.parametrize("adopt", [False, True])
+def test_programs_from_the_memo_equal_programs_built_afresh(order: int, adopt: bool) -> None:
+    records = _records()
+    for req in [*records, *(_endpoint(r) for r in records[::7])]:
         memo = ProgramMemo()
         variants = [(fix, {}) for fix in FIXES] + [(None, _calls(req, w)) for w in (False, True)]
         for fix, calls in [*variants[::order], *variants]:
-            fresh = ProgramBuilder(req, 0, fix, calls).program()
-            assert ProgramBuilder(req, 0, fix, calls, memo).program() == fresh, (fix, calls)
+            fresh = ProgramBuilder(req, 0, fix, calls, None, adopt).program()
+            reused = ProgramBuilder(req, 0, fix, calls, memo, adopt).program()
+            assert reused == fresh, (fix, calls)
+
+
+def test_a_plain_span_adopts_the_sibling_stages_it_contains() -> None:
+    req = _endpoint(_nested(0.0))
+    tree, recorded = ReplayTree(req, adopt=True), ReplayTree(req)
+    endpoint = req.stages[0]
+    inside = [s.name for s in tree.kids(endpoint)]
+    assert inside == ["handler", "model", "lookup", "lookup", "lookup", "serialize"]
+    assert [s.name for s in tree.kids(None)] == ["endpoint"]
+    assert all(tree.parent[id(s)] is endpoint for s in tree.kids(endpoint))
+    assert recorded.kids(None) == recorded.tree.kids(None) and not recorded.kids(endpoint)
 
 
 def test_a_fix_reuses_the_nodes_it_does_not_touch() -> None:

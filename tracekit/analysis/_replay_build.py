@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis._intervals import Interval, StageTree, merge, overlap, subtract
+from tracekit.analysis._intervals import Interval, merge, overlap, subtract
 from tracekit.analysis._replay_fixes import (
     THREADS,
+    Blocks,
     ModelCall,
     loop_node,
     restructure,
@@ -43,6 +44,7 @@ from tracekit.analysis._replay_memo import ROOT, Block, Plan, ProgramMemo, touch
 from tracekit.analysis._replay_nodes import (
     MS,
     TINY_MS,
+    ReplayTree,
     absorb,
     clusters,
     consumer_ms,
@@ -69,6 +71,9 @@ class ProgramBuilder:
         model_calls: span id -> :class:`ModelCall`, for the model-server variant.
         memo: the request's :class:`ProgramMemo`, to reuse what earlier builds of it made
             (``None``: build everything).
+        plain_containers: plain spans adopt the sibling stages they contain
+            (:class:`~tracekit.analysis._replay_nodes.ReplayTree`; the memo's tree, once
+            made, decides).
 
     Cost: O(stages + slices + waits) with sorting, without a memo; with one, a fix costs
     only the nodes it touches.
@@ -81,14 +86,18 @@ class ProgramBuilder:
         fix: Fix | None = None,
         model_calls: dict[str, ModelCall] | None = None,
         memo: ProgramMemo | None = None,
+        plain_containers: bool = False,
     ) -> None:
         self.req = req
         if memo is not None and memo.tree is None:
-            memo.tree = StageTree(req)
-        self.tree = memo.tree if memo is not None and memo.tree is not None else StageTree(req)
+            memo.tree = ReplayTree(req, plain_containers)
+        tree = memo.tree if memo is not None else None
+        self.tree = tree if tree is not None else ReplayTree(req, plain_containers)
         self.t0 = t0_ns
         self.fix = fix if fix is not None and fix.route == req.route else None
         self.model_calls = model_calls or {}
+        #: Whether the fix changed anything in this request's program (so far).
+        self.applied = False
         # Duplicate span ids (hostile input) make parent links ambiguous: no reuse.
         self._memo = memo if len(self.tree.by_id) == len(req.stages) else None
         no_reuse: tuple[set[int], set[int]] = (set(), set())
@@ -123,6 +132,7 @@ class ProgramBuilder:
         consumer: float = 0.0,
     ) -> list[Node]:
         targeted = targets(self.fix, stage)
+        self.applied = self.applied or targeted
         args = (stage, start, end, cpu_ms, slices, waits, max_block_ms, consumer)
         memo = self._memo
         if memo is None or targeted:
@@ -236,9 +246,13 @@ class ProgramBuilder:
                     if not dirty:
                         block.items = items
             blocks.append((tag, items or []))
-        blocks = restructure(self.fix, blocks)
-        blocks = trim_before_outside_queues(self.model_calls, blocks)
-        return absorb(merge_loops([node for _, items in blocks for node in items]), plan.consumer)
+        blocks = trim_before_outside_queues(self.model_calls, self._restructure(blocks))
+        return absorb(merge_loops(_flat(blocks)), plan.consumer)
+
+    def _restructure(self, blocks: Blocks) -> Blocks:
+        out = restructure(self.fix, blocks)
+        self.applied = self.applied or out is not blocks
+        return out
 
     def _leaf(self, start: int, end: int, cpu_ms: float, waits: list[Interval], targeted: bool) -> list[Node]:
         waited = sum(min(b, end) - max(a, start) for a, b in waits if min(b, end) > max(a, start))
@@ -305,27 +319,29 @@ class ProgramBuilder:
         # A resumption of the parent's code: CPU (ms) at a point in time, after a loop wait.
         entries += [(t, t + round(cpu * MS), cpu) for t, cpu in resumes]
         entries.sort(key=lambda e: (e[0], e[1]))
-        chains: list[tuple[int, list[Node]]] = []  # (last end, items)
+        chains: list[tuple[int, Blocks]] = []  # (last end, the chain's blocks)
         for start, end, member in entries:
             fit = [i for i, (last, _) in enumerate(chains) if last <= start]
             if fit:
                 i = max(fit, key=lambda i: chains[i][0])
-                last, items = chains[i]
+                last, blocks = chains[i]
             else:
-                last, items = a, []
-                chains.append((a, items))
+                last, blocks = a, []
+                chains.append((a, blocks))
                 i = len(chains) - 1
             if start > last:
-                items.append((DELAY, free_ms(last, start, waits)))
+                blocks.append((None, [(DELAY, free_ms(last, start, waits))]))
             if member is None:
                 held = (end - start) / MS
-                items.append(loop_node(self.fix, held * gil_share, held * (1 - gil_share), targeted))
+                gil, block = held * gil_share, held * (1 - gil_share)
+                blocks.append((None, [loop_node(self.fix, gil, block, targeted)]))
             elif isinstance(member, float):
-                items.append(loop_node(self.fix, member, 0.0, targeted))
+                blocks.append((None, [loop_node(self.fix, member, 0.0, targeted)]))
             else:
-                items.extend(self._child(member))
-            chains[i] = (max(last, end), items)
-        branches = [merge_loops(items) for _, items in chains]
+                blocks.append((member, self._child(member)))
+            chains[i] = (max(last, end), blocks)
+        # A chain is a sequence of sibling stages too: a gather or fan-out applies inside it.
+        branches = [merge_loops(_flat(self._restructure(blocks))) for _, blocks in chains]
         if len(branches) == 1:
             return branches[0]
         return [(PAR, branches)]
@@ -354,3 +370,7 @@ class ProgramBuilder:
         if call.wrap_stage:
             return [(HOLD, call.key, shrink_largest_delay(items, call.queue_in_ms))]
         return hold_largest_delay(items, call.key, call.queue_in_ms)
+
+
+def _flat(blocks: Blocks) -> list[Node]:
+    return [node for _, items in blocks for node in items]

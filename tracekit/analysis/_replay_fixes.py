@@ -109,3 +109,17 @@ def trim_before_outside_queues(model_calls: dict[str, ModelCall], blocks: Blocks
         before, previous = out[index - 1]
         out[index - 1] = (before, trim_delays_before(previous, call.queue_out_ms))
     return out
+
+
+def not_applied_note(fix: Fix) -> str:
+    """The projection note when ``fix`` changed no recorded request's program."""
+    if fix.action == "gather":
+        where = f"{fix.stage!r} never runs before {fix.other!r} among the same parent's children"
+    elif fix.action == "fanout":
+        where = f"no {fix.stage!r} calls follow one another under one parent"
+    else:
+        where = f"no {fix.stage or 'request handler'!r} code to move"
+    return (
+        f"the replay found nowhere to apply this fix in the recorded requests ({where}), "
+        f"so no projection is shown"
+    )

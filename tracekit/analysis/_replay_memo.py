@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis._intervals import StageTree
 from tracekit.analysis._replay_fixes import ModelCall, targets
+from tracekit.analysis._replay_nodes import ReplayTree
 from tracekit.analysis._replay_sim import Node
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import StageRecord
@@ -55,36 +55,37 @@ class ProgramMemo:
     __slots__ = ("items", "plans", "tree")
 
     def __init__(self) -> None:
-        self.tree: StageTree | None = None
+        self.tree: ReplayTree | None = None
         self.items: dict[int, list[Node]] = {}
         self.plans: dict[int, Plan] = {}
 
 
 
 def touched_nodes(
-    tree: StageTree, fix: Fix | None, model_calls: dict[str, ModelCall]
+    tree: ReplayTree, fix: Fix | None, model_calls: dict[str, ModelCall]
 ) -> tuple[set[int], set[int]]:
     """Keys of the nodes whose own program ``fix`` or the held ``model_calls`` change (a
     stage the fix moves or shrinks, the parent whose children it restructures or whose child
     holds a model call, and their ancestors), and of the children whose program *as a
-    child* changes (those, and the held model calls).
+    child* changes (those, the held model calls, and the stages a gather or fan-out names:
+    a cluster of overlapping children that holds one is rebuilt).
 
     Args:
-        tree: the request's stage tree (span ids unique).
+        tree: the request's replay tree (span ids unique).
         fix: the fix, for this request's route, or ``None``.
         model_calls: span id -> the model call held by a resource.
     """
-    by_id = tree.by_id
-    stages = list(by_id.values())
+    stages = list(tree.by_id.values())
 
     def parent(stage: StageRecord) -> StageRecord | None:
-        pid = stage.parent_id
-        return by_id.get(pid) if pid is not None and pid != stage.span_id else None
+        return tree.parent.get(id(stage))
 
     calls = [s for s in stages if s.span_id in model_calls]
     seeds: list[StageRecord | None] = [parent(s) for s in calls]
     if fix is not None and fix.action in ("gather", "fanout"):
-        seeds += [parent(s) for s in stages if s.name == fix.stage]
+        named = [s for s in stages if s.name == fix.stage]
+        seeds += [parent(s) for s in named]
+        calls += named  # a cluster holding one is restructured inside (its chains)
     else:
         seeds += [s for s in stages if targets(fix, s)]
     touched: set[int] = set()

@@ -35,7 +35,7 @@ from typing import Any
 from tracekit.analysis._intervals import percentile
 from tracekit.analysis._model_calls import model_calls
 from tracekit.analysis._replay_build import ProgramBuilder
-from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall
+from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall, not_applied_note
 from tracekit.analysis._replay_memo import ProgramMemo
 from tracekit.analysis._replay_run import Loops, Run, errors, figures, multi_loop_reason, simulate
 from tracekit.analysis._replay_sim import Node
@@ -73,6 +73,10 @@ class ReplayConfig:
             least ``min_requests`` in the sample has this many requests in it (or all it
             has), so that a rare route is still validated on a usable sample.
         max_window: never more than this many requests (the analyzer's sample size).
+        plain_containers: a plain span (no tracekit attributes) that contains sibling
+            stages is replayed as their parent rather than as a recorded delay beside them
+            (``_replay_nodes.ReplayTree``; off: measured not to reproduce the example
+            gateway under load, ``docs/analyzer-rules.md``).
     """
 
     thread_pool_size: int = field(default_factory=default_thread_pool_size)
@@ -86,6 +90,7 @@ class ReplayConfig:
     max_requests: int = 5_000
     route_requests: int = 200
     max_window: int = 20_000
+    plain_containers: bool = False
 
     def __post_init__(self) -> None:
         if self.thread_pool_size < 1 or self.cores < 1:
@@ -155,6 +160,7 @@ class Replayer:
         self._baselines: dict[Any, Run] = {}
         self._memos: dict[int, ProgramMemo] = {}
         self._programs: dict[tuple[int, Any], list[Node]] = {}
+        self._applied = False  # the last fix's replay changed some request's program
 
     def validate(self, requests: Sequence[RequestRecord]) -> Validation:
         """Replay ``requests`` as recorded and compare with the measured latencies.
@@ -242,7 +248,10 @@ class Replayer:
                 f"{p95_error:+.0%}; tolerance ±{tol:.0%}), so no projection is shown"
             )
         variant = (fix.stage, fix.queue) if calls else None
+        self._applied = False
         after = self._simulate(fix, calls, self._capacities(calls, fix), variant)
+        if not calls and not self._applied:
+            return None, not_applied_note(fix)
         b, a = figures(reqs, before, route), figures(reqs, after, route)
         return {key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")}, None
 
@@ -325,11 +334,15 @@ class Replayer:
         if memo is None:
             memo = self._memos[id(req)] = ProgramMemo()
         if fix is not None and fix.action != "model_overlap" and req.route == fix.route:
-            return ProgramBuilder(req, 0, fix, calls, memo).program()
+            builder = ProgramBuilder(req, 0, fix, calls, memo, self.config.plain_containers)
+            fixed = builder.program()
+            self._applied = self._applied or builder.applied
+            return fixed
         key = (id(req), variant)
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = ProgramBuilder(req, 0, None, calls, memo).program()
+            builder = ProgramBuilder(req, 0, None, calls, memo, self.config.plain_containers)
+            program = self._programs[key] = builder.program()
         return program
 
 
