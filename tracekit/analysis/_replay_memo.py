@@ -76,9 +76,7 @@ def touched_nodes(
         model_calls: span id -> the model call held by a resource.
     """
     stages = list(tree.by_id.values())
-
-    def parent(stage: StageRecord) -> StageRecord | None:
-        return tree.parent.get(id(stage))
+    parent = tree.parent
 
     calls = [s for s in stages if s.span_id in model_calls]
     seeds: list[StageRecord | None] = [parent(s) for s in calls]

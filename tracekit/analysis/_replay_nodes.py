@@ -66,36 +66,51 @@ class ReplayTree:
     Attributes:
         tree: the recorded :class:`StageTree`.
         by_id: span id -> stage.
-        parent: id(stage) -> its parent in the replay (``None``: the request).
 
-    Cost: O(stages x siblings) once per request.
+    Cost: nothing beyond the stage tree when ``adopt`` is off; else O(stages x siblings)
+    once per request.
     """
 
-    __slots__ = ("_kids", "by_id", "parent", "tree")
+    __slots__ = ("_kids", "_parent", "by_id", "tree")
 
     def __init__(self, req: RequestRecord, adopt: bool = False) -> None:
         self.tree = tree = StageTree(req)
         self.by_id = tree.by_id
-        self.parent: dict[int, StageRecord | None] = {}
-        self._kids: dict[int, list[StageRecord]] = {}
+        self._kids: dict[int, list[StageRecord]] | None = None
+        self._parent: dict[int, StageRecord | None] = {}
+        if adopt:
+            self._adopt_all()
+
+    def _adopt_all(self) -> None:
+        kids_of: dict[int, list[StageRecord]] = {}
         adopted: dict[int, list[StageRecord]] = {}
         stack: list[StageRecord | None] = [None]
         while stack:
             node = stack.pop()
             key = 0 if node is None else id(node)
-            if key in self._kids:
+            if key in kids_of:
                 continue  # a cycle in hostile input
-            kids = tree.kids(node)
+            kids = self.tree.kids(node)
             if key in adopted:
                 kids = sorted([*kids, *adopted[key]], key=_START_KEY)
-            self._kids[key] = kids = _adopt(kids, adopted) if adopt else kids
+            kids_of[key] = kids = _adopt(kids, adopted)
             for kid in kids:
-                self.parent.setdefault(id(kid), node)
+                self._parent.setdefault(id(kid), node)
                 stack.append(kid)
+        self._kids = kids_of
 
     def kids(self, stage: StageRecord | None) -> list[StageRecord]:
         """Children of ``stage`` (``None``: the request) in the replay, by start."""
+        if self._kids is None:
+            return self.tree.kids(stage)
         return self._kids.get(0 if stage is None else id(stage), [])
+
+    def parent(self, stage: StageRecord) -> StageRecord | None:
+        """The parent of ``stage`` in the replay (``None``: the request)."""
+        if self._kids is not None:
+            return self._parent.get(id(stage))
+        pid = stage.parent_id
+        return self.by_id.get(pid) if pid is not None and pid != stage.span_id else None
 
     def own_slices(self, stage: StageRecord | None, req: RequestRecord) -> list[Interval]:
         """:meth:`StageTree.own_slices` (plain spans have no slices to take out)."""
