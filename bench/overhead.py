@@ -20,6 +20,9 @@ per body chunk is the
 slope between a 1-chunk and a 201-chunk response. Soak: RSS growth over 100,000 traced
 requests after a warm-up.
 
+tracekit's request path is compiled with mypyc where it was built (tracekit/_native.py); the
+results say which build ran ("build"). TRACEKIT_PURE_PYTHON=1 measures the plain-Python one.
+
 Run: .venv/bin/python bench/overhead.py [--requests 20000] [--rounds 5] [--json out.json]
 """
 
@@ -47,7 +50,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 import tracekit
-from tracekit import _runtime
+from tracekit import _native, _runtime
 
 DEFAULT_MAX_QUEUE = _runtime.MAX_QUEUE
 
@@ -245,6 +248,7 @@ def main() -> None:
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
         },  # fmt: skip
+        "build": "compiled (mypyc)" if _native.compiled() else "plain Python",
         "requests_per_round": args.requests,
         "rounds": args.rounds,
         "per_request": per_request,

@@ -17,7 +17,6 @@ beyond the standard library.
 
 from __future__ import annotations
 
-import glob
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -67,19 +66,21 @@ def load() -> None:
         logging.getLogger("tracekit").warning("tracekit: running as plain Python: %s", reason)
 
 
-def _stale() -> str | None:
+def _stale(package_dir: str = _PACKAGE_DIR) -> str | None:
     """A compiled module's source newer than the compiled code (the first found), or None.
 
     The code of all compiled modules is in one shared library beside the package
     (``tracekit__mypyc*.so``); the per-module files are stubs that a rebuild may leave as
     they were.
     """
-    shared = glob.glob(os.path.join(os.path.dirname(_PACKAGE_DIR), "tracekit__mypyc.*.so"))
+    here = os.path.dirname(package_dir)
+    shared = [path for suffix in importlib.machinery.EXTENSION_SUFFIXES
+              if os.path.exists(path := os.path.join(here, f"tracekit__mypyc{suffix}"))]  # fmt: skip
     if not shared:
         return None
     built = min(os.path.getmtime(path) for path in shared)
     for name in COMPILED:
-        if os.path.getmtime(os.path.join(_PACKAGE_DIR, f"{name}.py")) > built:
+        if os.path.getmtime(os.path.join(package_dir, f"{name}.py")) > built:
             return name
     return None
 

@@ -192,3 +192,66 @@ def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:
     assert a[sc.CHUNKS] == n
     assert a[sc.ITL_MAX_MS] == 50  # the exact maximum, even if the sample missed it
     assert a[sc.ITL_P50_MS] in (1, 3) and a[sc.ITL_P95_MS] == 3
+
+
+class _CountingClock:
+    """A real-looking clock for cpu_now: wall set by the test, CPU reads counted."""
+
+    def __init__(self) -> None:
+        self.wall = 10 * MS
+        self.cpu = 5 * MS
+        self.reads = 0
+
+    def cpu_ns(self) -> int:
+        self.reads += 1
+        return self.cpu
+
+    def install(self) -> None:
+        from tracekit import _clock
+
+        _clock.install(lambda: self.wall, self.cpu_ns, 0)
+
+
+def test_cpu_readings_close_together_are_inferred_with_a_bounded_error() -> None:
+    from tracekit import _clock
+
+    clock = _CountingClock()
+    clock.install()
+    try:
+        state = _loop.ThreadState()
+        assert _loop.cpu_now(state, clock.wall) == 5 * MS and clock.reads == 1
+        # 8 us later, the thread having run 3 us of it: inferred, high by 5 us at most
+        clock.wall += 8_000
+        clock.cpu += 3_000
+        assert _loop.cpu_now(state, clock.wall) == 5 * MS + 8_000 and clock.reads == 1
+        # past the window (measured from the last real reading): a real reading again
+        clock.wall += _loop.CPU_REUSE_NS
+        clock.cpu += 1_000
+        assert _loop.cpu_now(state, clock.wall) == clock.cpu and clock.reads == 2
+        # a clock that went backwards (another clock installed) is never trusted
+        assert _loop.cpu_now(state, clock.wall - 1) == clock.cpu and clock.reads == 3
+    finally:
+        _clock.restore()
+
+
+def test_a_burst_of_stages_reads_the_cpu_clock_a_few_times_not_at_every_boundary() -> None:
+    from tracekit import _clock
+
+    clock = _CountingClock()
+    clock.install()
+    try:
+        with tracekit.record() as rec:
+
+            @tracekit.stage("tokenize")
+            def tokenize() -> None:
+                clock.wall += 1_000
+                clock.cpu += 1_000
+
+            for _ in range(5):
+                tokenize()
+            spans = rec.spans
+    finally:
+        _clock.restore()
+    assert len(spans) == 5
+    assert clock.reads == 1  # 10 step boundaries within 20 us of wall time: one real read
+    assert all(s.attributes[sc.CPU_MS] == 0.001 for s in spans)

@@ -327,3 +327,40 @@ def test_record_sees_a_middleware_with_its_own_provider(otel_globals: None) -> N
         names = sorted(s.name for s in rec.spans)
     assert names == ["POST /v1/chat/{session}", "model", "tokenize"]
     assert sorted(s.name for s in exporter.get_finished_spans()) == names  # and its provider got them
+
+
+def test_finished_requests_leave_no_reference_cycle_behind() -> None:
+    # A request record and its ledgers point at each other while the request runs; once its
+    # spans are built the record lets go, so reference counting frees it: nothing is left for
+    # the cyclic garbage collector (whose passes over a backlog of records once cost a third
+    # of tracekit's per-request time: docs/performance.md).
+    import gc
+
+    from tracekit._request import Request as Record
+
+    app = tracekit.TracekitMiddleware(gateway())
+    with tracekit.record() as rec:
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                asyncio.run(call(app, http_scope("/v1/chat/s1", method="POST")))
+            rec.spans  # noqa: B018 (flushes: every record is built)
+            alive = sum(isinstance(o, Record) for o in gc.get_objects())
+        finally:
+            gc.enable()
+    assert len([s for s in rec.spans if s.kind.name == "SERVER"]) == 20
+    assert alive == 0
+
+
+def test_span_contexts_are_built_directly_on_this_sdk() -> None:
+    # _spans makes SpanContext tuples itself (its constructor was a tenth of span building);
+    # it checks at import that they equal the constructor's, else it uses the constructor.
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from tracekit import _spans
+
+    assert _spans.span_context is _spans._new_context
+    made = _spans.span_context(0x1F, 0x2E, None)
+    assert made == SpanContext(0x1F, 0x2E, False, TraceFlags(TraceFlags.SAMPLED))
+    assert made.is_valid and not _spans.span_context(0, 0x2E, None).is_valid

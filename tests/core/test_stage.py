@@ -283,3 +283,69 @@ def test_sync_generator_stage_times_each_item_in_its_thread() -> None:
     assert a[sc.STEPS] == 5  # four items and the final StopIteration
     assert a[sc.ON_LOOP] is False and a[sc.CPU_MS] >= 2
     assert "tracekit.unfinished" not in a
+
+
+def test_a_block_in_a_task_no_driver_steps_keeps_wall_time_only() -> None:
+    # The child task runs no tracekit driver: its block cannot see its own suspensions, so
+    # it must not take steps, which would charge the parent's CPU to it while it is parked.
+    async def child() -> None:
+        async with tracekit.stage("guardrail"):
+            await asyncio.sleep(0.03)
+
+    @tracekit.stage("request")
+    async def root() -> None:
+        task = asyncio.ensure_future(child())
+        await asyncio.sleep(0)  # the child enters its block and parks in it
+        spin(20)  # while the parent burns CPU
+        await task
+
+    with tracekit.record() as rec:
+        asyncio.run(root())
+    spans = by_name(rec.spans)
+    guard, request = spans["guardrail"].attributes, spans["request"].attributes
+    assert guard[sc.WALL_MS] == pytest.approx(30, rel=0.5) and guard[sc.STEPS] == 0
+    assert guard[sc.CPU_MS] == 0
+    assert request[sc.CPU_MS] >= 5  # the spin stayed the parent's
+    assert spans["guardrail"].parent.span_id == spans["request"].context.span_id
+
+
+def test_an_async_stage_in_a_driven_step_takes_the_step_over() -> None:
+    # Its steps are its own: the enclosing code's step ends where it enters and resumes where
+    # it returns, so the parent's longest hold of the loop does not include the child's.
+    @tracekit.stage("guardrail")
+    async def guardrail() -> None:
+        time.sleep(0.03)  # holds the loop: a blocking call inside the child
+        await asyncio.sleep(0.01)
+
+    @tracekit.stage("request")
+    async def root() -> None:
+        await guardrail()
+
+    with tracekit.record() as rec:
+        asyncio.run(root())
+    spans = by_name(rec.spans)
+    guard, request = spans["guardrail"].attributes, spans["request"].attributes
+    assert guard[sc.MAX_BLOCK_MS] >= 25 and guard[sc.STEPS] == 2
+    assert guard[sc.WAIT_MS] == pytest.approx(40, abs=15)  # blocked off-CPU, then suspended
+    assert request[sc.MAX_BLOCK_MS] < 10 and request[sc.CPU_MS] < 5
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks need Python 3.12")
+def test_an_eager_child_task_does_not_take_over_its_parents_step() -> None:
+    # An eager task's first step runs inside its parent's: its stage must drive itself.
+    @tracekit.stage("guardrail")
+    async def guardrail() -> None:
+        await asyncio.sleep(0.02)
+
+    @tracekit.stage("request")
+    async def root() -> None:
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+        task = asyncio.create_task(guardrail())
+        spin(10)
+        await task
+
+    with tracekit.record() as rec:
+        asyncio.run(root())
+    spans = by_name(rec.spans)
+    assert spans["guardrail"].attributes[sc.WAIT_MS] == pytest.approx(20, abs=15)
+    assert spans["request"].attributes[sc.CPU_MS] >= 3  # the spin stayed the parent's

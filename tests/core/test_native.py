@@ -1,0 +1,59 @@
+"""The compiled build (mypyc) and the plain-Python one: both are tracekit, both are tested."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tracekit import _native
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_compiled_build_is_in_use_where_it_was_built() -> None:
+    # `make test` sets TRACEKIT_REQUIRE_COMPILED: a broken or stale build must not pass as
+    # a fast one (tracekit falls back to its sources by itself, and says so in a log line).
+    if not os.environ.get("TRACEKIT_REQUIRE_COMPILED"):
+        pytest.skip("TRACEKIT_REQUIRE_COMPILED is not set (make test sets it)")
+    assert _native.compiled(), "the compiled modules are not in use: run `make build`"
+
+
+def test_the_core_suite_passes_as_plain_python() -> None:
+    if not _native.compiled():
+        pytest.skip("this run is plain Python already")
+    env = dict(os.environ, TRACEKIT_PURE_PYTHON="1")
+    env.pop("TRACEKIT_REQUIRE_COMPILED", None)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tracekit._native as n, tracekit; print(n.compiled())"],
+        capture_output=True, text=True, env=env, timeout=60, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "False"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/core",
+         "--deselect", "tests/core/test_native.py::test_the_core_suite_passes_as_plain_python"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_a_source_newer_than_the_compiled_code_is_stale(tmp_path: Path) -> None:
+    package = tmp_path / "tracekit"
+    package.mkdir()
+    for name in _native.COMPILED:
+        (package / f"{name}.py").write_text("")
+    assert _native._stale(str(package)) is None  # nothing compiled: nothing stale
+    shared = tmp_path / f"tracekit__mypyc{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    shared.write_bytes(b"")
+    past = time.time() - 60
+    for name in _native.COMPILED:
+        os.utime(package / f"{name}.py", (past, past))
+    assert _native._stale(str(package)) is None
+    edited = _native.COMPILED[3]
+    os.utime(package / f"{edited}.py")  # edited after the build
+    assert _native._stale(str(package)) == edited
