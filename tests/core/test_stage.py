@@ -303,7 +303,8 @@ def test_a_block_in_a_task_no_driver_steps_keeps_wall_time_only() -> None:
         asyncio.run(root())
     spans = by_name(rec.spans)
     guard, request = spans["guardrail"].attributes, spans["request"].attributes
-    assert guard[sc.WALL_MS] == pytest.approx(30, rel=0.5) and guard[sc.STEPS] == 0
+    # Its wall time also covers the parent's spin (it cannot resume before the spin ends).
+    assert guard[sc.WALL_MS] >= 25 and guard[sc.STEPS] == 0
     assert guard[sc.CPU_MS] == 0
     assert request[sc.CPU_MS] >= 5  # the spin stayed the parent's
     assert spans["guardrail"].parent.span_id == spans["request"].context.span_id
