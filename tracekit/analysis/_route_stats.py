@@ -9,12 +9,13 @@ the cost of adding them one by one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from tracekit import semconv
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.quantiles import Quantiles
-from tracekit.analysis.slo import SLO, request_tpot_ms
+from tracekit.analysis.slo import SLO
 
 OTHER_ROUTES = "(other routes)"
 OTHER_STAGES = "(other stages)"
@@ -69,24 +70,35 @@ def function_of(stage: StageRecord) -> str | None:
     return stage.code_function or stage.code_namespace
 
 
-#: Values buffered per statistic before they are folded into its Quantiles in one C pass.
-_BATCH = 1024
+#: Rows (one per stage instance or request) buffered before they are folded in one C pass.
+_BATCH = 512
 # Breakdown sums are kept in fixed point (units of 2**-32 ms) as integers: exact, so that
 # they do not depend on the order requests are added in (the parallel reader merges them).
 _FIXED = 2.0**32
 _FIXED_LIMIT = 2.0**900  # beyond this, value * _FIXED would overflow a float
+_NEVER = 2**64  # later than any start (times are at most 2**64 - 1 ns)
+# A stage instance as a row: the fields StageStats folds, taken in one C call.
+_STAGE_ROW = attrgetter(
+    "wall_ms", "cpu_ms", "wait_ms", "loop_wait_ms", "on_loop", "max_block_ms", "blocked_at",
+    "code_function", "code_namespace",
+)  # fmt: skip
 
 
 def _fixed(value: float) -> int:
     return int(value * _FIXED) if value < _FIXED_LIMIT else int(value) << 32
 
 
+def _known(values: tuple[Any, ...]) -> list[Any]:
+    return [v for v in values if v is not None]
+
+
 @dataclass(slots=True)
 class StageStats:
     """Statistics of one stage name within one route (per stage instance, not per request).
 
-    Everything here is independent of the order the instances are added in, and two
-    statistics of the same stage :meth:`merge` into what adding every instance to one gives.
+    Instances are buffered as rows and folded in batches; everything here is independent of
+    the order they come in, and two statistics of the same stage :meth:`merge` into what
+    adding every instance to one gives.
     """
 
     stage: str
@@ -102,40 +114,50 @@ class StageStats:
     blocked_ms: float | None = None  # the longest block that has a location
     blocked_at: str | None = None
     function: str | None = None
-    #: Where the stage first appears: (request start, index among the request's stages).
-    first: tuple[int, int] = (2**64, 0)
-    _pending: tuple[list[float], list[float], list[float], list[float]] = field(
-        default_factory=lambda: ([], [], [], [])
-    )
-    _fn: str | None = None
-    _ns: str | None = None
+    #: Where the stage first appears: the earliest request's start, and the stage's index
+    #: among that request's stages (the report lists stages in this order).
+    first_start: int = _NEVER
+    first_index: int = 0
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+    @property
+    def first(self) -> tuple[int, int]:
+        """``(first_start, first_index)``."""
+        return (self.first_start, self.first_index)
 
     def add(self, stage: StageRecord) -> None:
-        """Record one instance of the stage. Cost: a few appends and comparisons."""
-        self.count += 1
-        walls, cpus, waits, loop_waits = self._pending
-        walls.append(stage.wall_ms)
-        if stage.cpu_ms is not None:
-            cpus.append(stage.cpu_ms)
-        if stage.wait_ms is not None:
-            waits.append(stage.wait_ms)
-        if stage.loop_wait_ms is not None:
-            loop_waits.append(stage.loop_wait_ms)
-        if len(walls) >= _BATCH:
+        """Record one instance of the stage. Cost: one row built in C."""
+        self.rows.append(_STAGE_ROW(stage))
+        if len(self.rows) >= _BATCH:
             self.fold()
-        if stage.on_loop is not None:
-            self.on_loop_known += 1
-            self.on_loop_true += stage.on_loop
-        block = stage.max_block_ms
-        if block is not None:
-            if self.max_block_ms is None or block > self.max_block_ms:
-                self.max_block_ms = block
-            if stage.blocked_at:
-                self._located(block, stage.blocked_at)
-        fn, ns = stage.code_function, stage.code_namespace
-        if (fn is not None or ns is not None) and (fn is not self._fn or ns is not self._ns):
-            self._fn, self._ns = fn, ns  # names are shared strings: usually the same objects
-            self._function(function_of(stage))
+
+    def fold(self) -> None:
+        """Fold the buffered rows into the counters and the percentile structures."""
+        rows = self.rows
+        if not rows:
+            return
+        self.rows = []
+        walls, cpus, waits, loop_waits, on_loops, blocks, locations, fns, nss = zip(*rows, strict=True)
+        self.count += len(rows)
+        self.wall.extend(walls)
+        self.cpu.extend(_known(cpus))
+        self.wait.extend(_known(waits))
+        self.loop_wait.extend(_known(loop_waits))
+        self.on_loop_known += len(rows) - on_loops.count(None)
+        self.on_loop_true += on_loops.count(True)
+        known = _known(blocks)
+        if known:
+            longest = max(known)
+            if self.max_block_ms is None or longest > self.max_block_ms:
+                self.max_block_ms = longest
+            for block, where in zip(blocks, locations, strict=True):
+                if where and block is not None:
+                    self._located(block, where)
+        for fn, ns in set(zip(fns, nss, strict=True)):
+            if fn and ns:
+                self._function(f"{ns}.{fn}")
+            else:
+                self._function(fn or ns)
 
     def _located(self, block: float, where: str) -> None:
         # The location of the longest located block; the smaller text on a tie.
@@ -149,15 +171,6 @@ class StageStats:
         # One function per stage name as a rule; when there are several, the smallest name.
         if function is not None and (self.function is None or function < self.function):
             self.function = function
-
-    def fold(self) -> None:
-        """Move the buffered values into the percentile structures."""
-        for values, quantiles in zip(
-            self._pending, (self.wall, self.cpu, self.wait, self.loop_wait), strict=True
-        ):
-            if values:
-                quantiles.extend(values)
-                values.clear()
 
     def merge(self, other: StageStats) -> None:
         """Add the instances recorded by ``other`` (a statistic of the same stage)."""
@@ -177,7 +190,8 @@ class StageStats:
         if other.blocked_ms is not None and other.blocked_at is not None:
             self._located(other.blocked_ms, other.blocked_at)
         self._function(other.function)
-        self.first = min(self.first, other.first)
+        if other.first < self.first:
+            self.first_start, self.first_index = other.first
 
     def to_dict(self) -> dict[str, Any]:
         """The report's stage object (report contract ``routes[].stages[]``)."""
@@ -220,55 +234,88 @@ class RouteStats:
     tpot: Quantiles = field(default_factory=Quantiles)
     good: int = 0
     stages: dict[str, StageStats] = field(default_factory=dict)
-    _latencies: list[float] = field(default_factory=list)
+    rows: list[tuple[float, int, int]] = field(default_factory=list)
+    streams: list[tuple[Any, ...]] = field(default_factory=list)
 
     def add(self, req: RequestRecord, slo: SLO | None) -> None:
-        """Record one request of this route. Cost: O(stages)."""
+        """Record one request of this route. Cost: O(stages), a few operations each."""
         self.requests += 1
-        self.errors += req.error
         start = req.start_ns
-        if self.first_start_ns is None or start < self.first_start_ns:
-            self.first_start_ns = start
-        if self.last_end_ns is None or req.end_ns > self.last_end_ns:
-            self.last_end_ns = req.end_ns
-        latencies = self._latencies
-        latencies.append(req.wall_ms)
-        if len(latencies) >= _BATCH:
-            self.fold()
-        parts = breakdown(req)
-        if parts is not None:
+        end = req.end_ns
+        rows = self.rows
+        rows.append((max(0, end - start) / 1e6, start, end))
+        if req.error:
+            self.errors += 1
+        stages = self.stages
+        for stage in req.stages:
+            stats = stages.get(stage.name) or self._stage(stage)
+            stats.rows.append(_STAGE_ROW(stage))
+            if start <= stats.first_start:
+                i = req.stages.index(stage)
+                if start < stats.first_start or i < stats.first_index:
+                    stats.first_start = start
+                    stats.first_index = i
+        if req.instrumented:
+            on, off, model, io, loop = breakdown(req)  # type: ignore[misc]
             self.instrumented += 1
             sums = self.sums
-            for i, value in enumerate(parts):
-                sums[i] += _fixed(value)
-        if req.chunks is not None and req.chunks > 1:
-            self._add_stream(req)
+            if max(on, off, model, io, loop) < _FIXED_LIMIT:
+                sums[0] += int(on * _FIXED)
+                sums[1] += int(off * _FIXED)
+                sums[2] += int(model * _FIXED)
+                sums[3] += int(io * _FIXED)
+                sums[4] += int(loop * _FIXED)
+            else:
+                for i, value in enumerate((on, off, model, io, loop)):
+                    sums[i] += _fixed(value)
+        chunks = req.chunks
+        if chunks is not None and chunks > 1:
+            self.streams.append(
+                (req.ttft_ms, req.itl_p95_ms, req.itl_max_ms, req.tpot_ms, chunks, start, end)
+            )
         if slo is not None and slo.meets(req):
             self.good += 1
-        stages = self.stages
-        for i, stage in enumerate(req.stages):
-            stats = stages.get(stage.name) or self._stage(stage)
-            stats.add(stage)
-            if start < stats.first[0] or (start == stats.first[0] and i < stats.first[1]):
-                stats.first = (start, i)
+        if len(rows) >= _BATCH:
+            self.fold()
 
     def fold(self) -> None:
-        """Move the buffered values into the percentile structures."""
-        if self._latencies:
-            self.latency.extend(self._latencies)
-            self._latencies.clear()
+        """Fold the buffered rows (this route's and its stages') into the statistics."""
+        rows = self.rows
+        if rows:
+            self.rows = []
+            walls, starts, ends = zip(*rows, strict=True)
+            self.latency.extend(walls)
+            first = min(starts)
+            if self.first_start_ns is None or first < self.first_start_ns:
+                self.first_start_ns = first
+            last = max(ends)
+            if self.last_end_ns is None or last > self.last_end_ns:
+                self.last_end_ns = last
+        if self.streams:
+            self._fold_streams()
         for stats in self.stages.values():
             stats.fold()
 
-    def _add_stream(self, req: RequestRecord) -> None:
-        if req.ttft_ms is not None:
-            self.ttft.add(req.ttft_ms)
-        itl = req.itl_p95_ms if req.itl_p95_ms is not None else req.itl_max_ms
-        if itl is not None:
-            self.itl.add(itl)
-        tpot = request_tpot_ms(req)
-        if tpot is not None:
-            self.tpot.add(tpot)
+    def _fold_streams(self) -> None:
+        # TTFT, ITL (the request's p95 gap, else its longest) and TPOT of streamed requests;
+        # TPOT as slo.request_tpot_ms computes it.
+        ttfts: list[float] = []
+        itls: list[float] = []
+        tpots: list[float] = []
+        for ttft, itl_p95, itl_max, tpot, chunks, start, end in self.streams:
+            if ttft is not None:
+                ttfts.append(ttft)
+            itl = itl_p95 if itl_p95 is not None else itl_max
+            if itl is not None:
+                itls.append(itl)
+            if tpot is None and ttft is not None:
+                tpot = max(0.0, max(0, end - start) / 1e6 - ttft) / (chunks - 1)
+            if tpot is not None:
+                tpots.append(tpot)
+        self.streams = []
+        self.ttft.extend(ttfts)
+        self.itl.extend(itls)
+        self.tpot.extend(tpots)
 
     def _stage(self, stage: StageRecord) -> StageStats:
         name = stage.name if len(self.stages) < self.max_stages else OTHER_STAGES
@@ -301,10 +348,10 @@ class RouteStats:
         for name, stats in other.stages.items():
             if name not in self.stages and len(self.stages) >= self.max_stages:
                 name = OTHER_STAGES
-            mine_stats = self.stages.get(name)
-            if mine_stats is None:
-                self.stages[name] = mine_stats = StageStats(name, stats.kind)
-            mine_stats.merge(stats)
+            mine = self.stages.get(name)
+            if mine is None:
+                self.stages[name] = mine = StageStats(name, stats.kind)
+            mine.merge(stats)
 
     @property
     def window_s(self) -> float:

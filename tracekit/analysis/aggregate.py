@@ -86,6 +86,7 @@ class Aggregator:
         self.requests = 0
         self.instrumented = False
         self.slowest: RequestRecord | None = None
+        self._slowest_ns = -1  # its wall time in ns, clamped to >= 0 like wall_ms
         self._routes: dict[str, RouteStats] = {}
         # A heap whose top is the latest kept request (see _entry), so that the earliest
         # requests are kept whatever the order they come in.
@@ -102,13 +103,12 @@ class Aggregator:
         """
         if counted:
             self.requests += 1
-            self.instrumented = self.instrumented or req.instrumented
-            self._route(req.route).add(req, self.slo)
-            slowest = self.slowest
-            if slowest is None or req.wall_ms > slowest.wall_ms or (
-                req.wall_ms == slowest.wall_ms and _order(req) < _order(slowest)
-            ):
-                self.slowest = req
+            if req.instrumented:
+                self.instrumented = True
+            (self._routes.get(req.route) or self._route(req.route)).add(req, self.slo)
+            wall = req.end_ns - req.start_ns  # wall_ms in ns, as an integer: compared only
+            if wall >= self._slowest_ns:
+                self._slower(req, wall)
         sample = self._sample
         if len(sample) < self.sample_size:
             heapq.heappush(sample, _entry(compact(req)))
@@ -117,6 +117,17 @@ class Aggregator:
             if entry[:3] > sample[0][:3]:  # earlier than the latest kept one
                 compact(req)
                 heapq.heapreplace(sample, entry)
+
+    def _slower(self, req: RequestRecord, wall: int) -> None:
+        wall = max(wall, 0)
+        slowest = self.slowest
+        if (
+            slowest is None
+            or wall > self._slowest_ns
+            or _order(req) < _order(slowest)  # a tie: the earliest (then smallest ids)
+        ):
+            self.slowest = req
+            self._slowest_ns = wall
 
     def _route(self, route: str) -> RouteStats:
         stats = self._routes.get(route)
@@ -137,12 +148,8 @@ class Aggregator:
         self.requests += other.requests
         self.instrumented = self.instrumented or other.instrumented
         theirs = other.slowest
-        if theirs is not None and (
-            self.slowest is None
-            or theirs.wall_ms > self.slowest.wall_ms
-            or (theirs.wall_ms == self.slowest.wall_ms and _order(theirs) < _order(self.slowest))
-        ):
-            self.slowest = theirs
+        if theirs is not None and other._slowest_ns >= self._slowest_ns:
+            self._slower(theirs, other._slowest_ns)
         for name, stats in other._routes.items():
             if name not in self._routes and len(self._routes) >= self.max_routes:
                 name = OTHER_ROUTES
