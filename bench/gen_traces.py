@@ -334,12 +334,13 @@ def _add_pairs(a: dict[str, Any], stage: _Stage, base_ns: int) -> None:
         ]
 
 
-def write_jsonl(path: Path, n_spans: int, **gateway: Any) -> int:
+def write_jsonl(path: Path, n_spans: int, *, batch_size: int = BATCH, **gateway: Any) -> int:
     """Write at least ``n_spans`` simulated spans to ``path`` as OTLP JSON Lines.
 
     Args:
         path: the output file.
         n_spans: how many spans (whole requests are written, so a few more may follow).
+        batch_size: spans per line (the core's exporter writes up to 512).
         **gateway: :class:`Gateway` options.
 
     Returns:
@@ -350,7 +351,7 @@ def write_jsonl(path: Path, n_spans: int, **gateway: Any) -> int:
     with path.open("wb") as out:
         for span in Gateway(**gateway).spans(n_spans):
             batch.append(span)
-            if len(batch) == BATCH:
+            if len(batch) == batch_size:
                 out.write(orjson.dumps(traces_data(batch)) + b"\n")
                 written += len(batch)
                 batch = []

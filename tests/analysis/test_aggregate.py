@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,9 @@ from tracekit.analysis.aggregate import (
     OTHER_STAGES,
     Aggregator,
     breakdown,
+    sample_key,
 )
+from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.quantiles import EXACT_LIMIT, RELATIVE_ERROR, Quantiles
 from tracekit.analysis.slo import parse_slo
 
@@ -159,3 +162,73 @@ def test_the_sample_keeps_the_earliest_requests_sorted() -> None:
     assert [r.start_ns for r in sample] == sorted(r.start_ns for r in sample)
     assert [(r.start_ns - sample[0].start_ns) // 10_000_000 for r in sample] == [0, 1, 2, 3, 4]
     assert agg.requests == 10  # the uncounted ones are in the sample only
+
+
+def random_requests(seed: int, n: int) -> list[RequestRecord]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        start = rng.choice([0.0, 10.0, rng.uniform(0, 60_000)])  # ties on the start too
+        stages = [
+            stage(name, start + j, start + j + rng.lognormvariate(1, 1),
+                  cpu_ms=rng.lognormvariate(0, 1), wait_ms=rng.choice([None, 0.0, 3.5]),
+                  on_loop=rng.choice([True, False, None]),
+                  max_block_ms=rng.choice([None, 1.0, rng.uniform(0, 50)]),
+                  function=rng.choice(["encode", "tokenize", None]))  # fmt: skip
+            for j, name in enumerate(rng.sample(["tokenize", "guardrail", "model", "x"], 3))
+        ]
+        for s in stages:
+            s.blocked_at = rng.choice([None, "app.py:1", "app.py:2"]) if s.max_block_ms else None
+        out.append(
+            request(rng.choice([ROUTE, "GET /health", "POST /embed"]), start,
+                    start + rng.lognormvariate(4, 1), stages, error=rng.random() < 0.1,
+                    chunks=rng.choice([None, 1, 12]), ttft_ms=rng.choice([None, 30.0]),
+                    itl_p95_ms=rng.choice([None, 7.5]))  # fmt: skip
+        )
+    return out
+
+
+def aggregate(requests: list[RequestRecord], **settings: Any) -> Aggregator:
+    agg = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), sample_size=300, **settings)
+    for req in requests:
+        agg.add(req, counted=req.route != "POST /embed" or req.start_ns % 2 == 0)
+    return agg
+
+
+def summary(agg: Aggregator) -> tuple[Any, ...]:
+    return (agg.requests, agg.instrumented, agg.routes(), agg.sample(), agg.slowest)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_aggregation_does_not_depend_on_the_order_of_requests(seed: int) -> None:
+    # 3,000 requests: past the exact limit, so the histograms are compared too.
+    requests = random_requests(seed, 3_000)
+    shuffled = requests[:]
+    random.Random(seed + 1).shuffle(shuffled)
+    assert summary(aggregate(requests)) == summary(aggregate(shuffled))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merged_aggregators_equal_one_fed_everything(seed: int) -> None:
+    requests = random_requests(seed, 3_000)
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(requests)), 3))
+    parts = [requests[a:b] for a, b in zip([0, *cuts], [*cuts, len(requests)], strict=True)]
+    merged = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), sample_size=300)
+    for part in parts:
+        merged.merge(aggregate(part))
+    assert summary(merged) == summary(aggregate(requests))
+
+
+def test_the_sample_can_travel_apart_from_the_statistics() -> None:
+    requests = random_requests(9, 1_000)
+    halves = [aggregate(requests[:400]), aggregate(requests[400:])]
+    keys = sorted((key for a in halves for key in map(sample_key, a.sample())), reverse=True)
+    cutoff = keys[299]
+    merged = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), sample_size=300)
+    for half in halves:
+        kept = half.take_sample(cutoff)
+        assert all(sample_key(r) >= cutoff for r in kept)
+        merged.merge(half, sample=False)
+        merged.adopt_sample(kept)
+    assert summary(merged) == summary(aggregate(requests))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from tests.helpers import REAL, needs_real
 from tracekit import semconv
-from tracekit.analysis.assemble import assemble, compact, decode_pairs, route_of
+from tracekit.analysis.assemble import Window, assemble, compact, decode_pairs, route_of
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.sources import read_spans
 from tracekit.errors import ConfigurationError
@@ -257,6 +258,81 @@ def test_a_late_fragment_yields_only_its_server_spans() -> None:
     ]
     routes = Counter(r.route for r in assemble(spans, max_open_traces=1))
     assert routes == Counter({"s": 1, "x": 1, "y": 1, "GET /downstream": 1})
+
+
+def routes(spans: list[Span], **window: int) -> list[str]:
+    return sorted(r.route for r in assemble(spans, **window))
+
+
+def test_a_quiet_trace_is_flushed_max_open_traces_spans_after_its_last_span() -> None:
+    # Positions count spans of any trace: t1's child comes 3 spans after t1 last had one.
+    def stream(gap: int) -> list[Span]:
+        fillers = [span(f"f{i}", kind="server", trace=f"x{i}", name=f"GET /x{i}") for i in range(gap)]
+        return [span("s", kind="server", trace="t1", name="GET /t1"), *fillers,
+                span("orphan", "nowhere", trace="t1", name="late child")]  # fmt: skip
+
+    # Within reach: the child joins t1 (its parent is not in the trace: a top-most span,
+    # but t1 has a SERVER span, so it makes no request of its own).
+    assert "late child" not in routes(stream(2), max_open_traces=3)
+    # Out of reach, soon after t1 was flushed: a late fragment, whose non-SERVER spans are
+    # no request either.
+    assert "late child" not in routes(stream(3), max_open_traces=3)
+    # Long after: a fragment nobody remembers, whose top-most span is a request.
+    assert "late child" in routes(stream(8), max_open_traces=3)
+
+
+def test_a_rooted_trace_is_flushed_flush_after_spans_after_its_root() -> None:
+    def stages_of_t1(gap: int) -> int:
+        fillers = [span(f"f{i}", kind="server", trace=f"x{i}") for i in range(gap)]
+        spans = [span("s", kind="server", trace="t1"), *fillers, span("c", "s", trace="t1")]
+        requests = assemble(spans, max_open_traces=100, flush_after=3)
+        return next(len(r.stages) for r in requests if r.trace_id.endswith("t1"))
+
+    assert stages_of_t1(2) == 1  # the child is the 3rd span after the root: in time
+    assert stages_of_t1(3) == 0  # the 4th: t1 was flushed, the child is a late fragment
+
+
+def messy_stream(seed: int, n: int = 400) -> list[Span]:
+    """Interleaved traces: roots, missing roots, late spans, cycles, duplicate ids."""
+    rng = random.Random(seed)
+    spans = []
+    for t in range(n // 5):
+        trace = f"t{t}"
+        spans.append(span("s", kind="server", trace=trace, name=f"GET /r{t % 3}", end_ms=50))
+        for c in range(rng.randint(0, 6)):
+            parent = rng.choice(["s", "s", f"c{c - 1}", "missing", f"c{c}"])
+            spans.append(span(f"c{c}", parent, trace=trace, start_ms=c, end_ms=c + 5,
+                              kind=rng.choice(["internal", "client", "server"])))  # fmt: skip
+        if rng.random() < 0.2:
+            del spans[-1 - rng.randint(0, min(3, len(spans) - 1))]  # a lost span, maybe the root
+    # Locally shuffled, so that traces interleave and some spans come much later.
+    keyed = [(i + rng.expovariate(1 / 15), i, s) for i, s in enumerate(spans)]
+    return [s for _, _, s in sorted(keyed)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_window_handed_on_at_any_point_gives_the_same_requests(seed: int) -> None:
+    spans = messy_stream(seed)
+    whole = Window(7, 5)
+    expected = [*whole.run(enumerate(spans, 1)), *whole.finish()]
+    cut = random.Random(seed).randint(1, len(spans) - 1)
+    first = Window(7, 5)
+    got = list(first.run(enumerate(spans[:cut], 1)))
+    got += first.sweep(cut + 1)
+    groups, flushed = first.state(cut)
+    second = Window(7, 5)
+    second.adopt(groups, flushed)
+    got += [*second.run(enumerate(spans[cut:], 1)), *second.finish()]
+    key = lambda r: (r.trace_id, r.span_id, len(r.stages))  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, expected))
+    assert sorted(got, key=key) == sorted(expected, key=key)
+
+
+def test_adopt_needs_an_empty_window() -> None:
+    window = Window(3, 3)
+    list(window.run([(1, span("a"))]))
+    with pytest.raises(ValueError, match="empty window"):
+        window.adopt([], {})
 
 
 def test_bad_window_sizes_are_configuration_errors() -> None:

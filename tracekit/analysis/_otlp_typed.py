@@ -173,7 +173,7 @@ def typed_spans(line: bytes) -> list[Span] | None:
             for scope in scopes or ():
                 for raw in scope.spans or ():
                     out.append(_span(raw, service))
-    except (msgspec.DecodeError, _NotExact, BadSpan, *SPAN_ERRORS):
+    except (msgspec.DecodeError, _NotExact, BadSpan, RecursionError, *SPAN_ERRORS):
         return None
     return out
 

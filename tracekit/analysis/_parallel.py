@@ -122,7 +122,7 @@ def worker_count(requested: int | None = None) -> int:
 
 
 def plan_file(
-    path: str, name: str, *, workers: int, min_range_bytes: int = MIN_RANGE_BYTES
+    path: str, name: str, *, workers: int, min_range_bytes: int | None = None
 ) -> Plan | None:
     """Byte ranges for ``workers`` processes, or ``None`` when one pass should read the file.
 
@@ -132,6 +132,8 @@ def plan_file(
     """
     if workers < 2:
         return None
+    if min_range_bytes is None:
+        min_range_bytes = MIN_RANGE_BYTES
     try:
         size = os.stat(path).st_size
         count = min(workers, MAX_WORKERS, size // max(1, min_range_bytes))
@@ -320,8 +322,10 @@ def _work(
             raise _Abandoned
         worker.assemble_set_aside(state)
         if following is not None:
-            following.send(worker.end_state())
             handed_on = True
+            # A neighbour that failed has gone: its own error is what gets reported.
+            with contextlib.suppress(OSError):
+                following.send(worker.end_state())
         else:
             worker.finish()
         kept = worker.aggregator.take_sample(None)
@@ -329,16 +333,24 @@ def _work(
         parent.send(("ok", partial))
         cutoff = parent.recv()
         parent.send(("sample", [r for r in kept if cutoff is None or sample_key(r) >= cutoff]))
+    except (EOFError, OSError) as exc:
+        # The parent stopped listening (another range failed): leave quietly. A file that
+        # cannot be read is a TracekitError by now (sources._guard), not an OSError.
+        _tell(parent, ("crash", f"{type(exc).__name__}: {exc}"))
     except _Abandoned:
-        parent.send(("abandoned", None))
+        _tell(parent, ("abandoned", None))
     except TracekitError as exc:
-        parent.send(("error", exc))
+        _tell(parent, ("error", exc))
     except BaseException:
-        parent.send(("crash", traceback.format_exc()))
+        _tell(parent, ("crash", traceback.format_exc()))
     finally:
         if following is not None and not handed_on:
-            with contextlib.suppress(OSError):
-                following.send(None)
+            _tell(following, None)
+
+
+def _tell(connection: Connection, message: Any) -> None:
+    with contextlib.suppress(OSError):
+        connection.send(message)
 
 
 class _Abandoned(Exception):

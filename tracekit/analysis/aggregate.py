@@ -126,7 +126,7 @@ class Aggregator:
             or wall > self._slowest_ns
             or _order(req) < _order(slowest)  # a tie: the earliest (then smallest ids)
         ):
-            self.slowest = req
+            self.slowest = compact(req)  # kept whole, like the sample (decoded attributes dropped)
             self._slowest_ns = wall
 
     def _route(self, route: str) -> RouteStats:

@@ -1,0 +1,180 @@
+"""The typed fast path of the OTLP JSON Lines reader gives exactly the generic reader's spans.
+
+``typed_spans`` may decline a line (``None``: the generic reader then reads it), but whenever
+it accepts one its spans must equal what ``otlp_spans(orjson.loads(line))`` yields, and the
+generic reader must have skipped, cut and refused nothing there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.helpers import gen_traces
+from tracekit.analysis._otlp_json import is_otlp, otlp_spans
+from tracekit.analysis._otlp_typed import typed_spans
+from tracekit.analysis._source_common import MAX_ARRAY_ITEMS, MAX_VALUE_CHARS, ReadStats
+from tracekit.analysis.model import Span
+
+from .test_sources_fuzz import FUZZ, OTLP_PATHS, WRONG, json_values, otlp_doc, replaced
+
+
+def generic(line: bytes) -> tuple[list[Span], ReadStats] | str:
+    """The generic reader's spans of one line, or why it refuses the line."""
+    stats = ReadStats()
+    try:
+        doc = orjson.loads(line)
+        if not is_otlp(doc) or "resourceSpans" not in doc:
+            return "not a bare TracesData"
+        return list(otlp_spans(doc, stats, "line")), stats
+    except Exception as exc:  # every refusal, whatever its kind
+        return f"{type(exc).__name__}: {exc}"
+
+
+def check(line: bytes) -> bool:
+    """Assert the fast path is exact on ``line``; whether it took the line."""
+    fast = typed_spans(line)
+    if fast is None:
+        return False
+    reference = generic(line)
+    assert not isinstance(reference, str), f"fast path took a line the generic one refuses: {reference}"
+    spans, stats = reference
+    assert (stats.skipped, stats.truncated) == (0, 0), stats.reasons
+    assert fast == spans
+    return True
+
+
+def test_generated_traces_all_take_the_fast_path(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    gen_traces().write_jsonl(path, 3_000)
+    lines = path.read_bytes().splitlines()
+    assert lines and all(check(line) for line in lines)
+
+
+def test_the_base_document_takes_the_fast_path() -> None:
+    assert check(orjson.dumps(otlp_doc()))
+
+
+@pytest.mark.parametrize("path", OTLP_PATHS, ids=lambda p: ".".join(map(str, p)))
+def test_every_field_with_every_wrong_type(path: tuple[Any, ...]) -> None:
+    doc = otlp_doc()
+    check(json.dumps(replaced(doc, path, None, delete=True)).encode())
+    for value in WRONG:
+        check(json.dumps(replaced(doc, path, value)).encode())
+
+
+@FUZZ
+@given(data=st.data())
+def test_random_field_mutations(data: st.DataObject) -> None:
+    doc = otlp_doc()
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(OTLP_PATHS))
+        try:
+            doc = replaced(doc, path, data.draw(json_values))
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier mutation removed this path
+    check(json.dumps(doc).encode())
+
+
+def attr_line(value: Any, **span: Any) -> bytes:
+    base = otlp_doc()
+    target = base["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    target["attributes"] = [{"key": "k", "value": value}, {"key": "j", "value": {"intValue": 1}}]
+    target.update(span)
+    return json.dumps(base).encode()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"intValue": str(2**63)}, {"intValue": 2**63 - 1}, {"intValue": 2**63},
+        {"intValue": 2**64}, {"intValue": -(2**63) - 1}, {"intValue": " 12 "},
+        {"intValue": "1_000"}, {"intValue": "12a"}, {"intValue": "٣"}, {"intValue": 1.0},
+        {"doubleValue": "NaN"}, {"doubleValue": "1.5"}, {"doubleValue": 3}, {"doubleValue": 2**70},
+        {"doubleValue": 1e308}, {"doubleValue": True}, {"stringValue": "x" * MAX_VALUE_CHARS},
+        {"stringValue": "x" * (MAX_VALUE_CHARS + 1)}, {"stringValue": "é ü 😀"},
+        {"bytesValue": "AAEC"}, {"boolValue": 1}, {"boolValue": None}, {},
+        {"doubleValue": 1.5, "stringValue": "s"}, {"stringValue": "s", "intValue": "3"},
+        {"intValue": "3", "boolValue": True}, {"boolValue": True, "arrayValue": {"values": []}},
+        {"arrayValue": {"values": [{"intValue": "1"}, {"intValue": 2}, {"intValue": "x"}]}},
+        {"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "2"}]}},
+        {"arrayValue": {"values": [{"stringValue": "a"}, {}, {"doubleValue": 1}]}},
+        {"arrayValue": {"values": [{"intValue": "1"}] * (MAX_ARRAY_ITEMS + 1)}},
+        {"arrayValue": {"values": [{"arrayValue": {"values": []}}]}},
+        {"arrayValue": {"values": None}}, {"arrayValue": {}}, {"arrayValue": None},
+        {"kvlistValue": {"values": [{"key": "a", "value": {"intValue": "1"}},
+                                    {"key": "a", "value": {}}, {"key": "b", "value": {"boolValue": False}}]}},
+        {"kvlistValue": {"values": [{"key": "a", "value": {"kvlistValue": {}}}]}},
+        {"unknownValue": 1}, {"doubleValue": None}, {"stringValue": None},
+    ],
+)  # fmt: skip
+def test_attribute_values(value: Any) -> None:
+    check(attr_line(value))
+
+
+@pytest.mark.parametrize(
+    "span",
+    [
+        {"kind": True}, {"kind": 2.0}, {"kind": "SPAN_KIND_CLIENT"}, {"kind": None}, {"kind": 99},
+        {"kind": 2**70}, {"status": {"code": 2.0}}, {"status": {"code": "STATUS_CODE_ERROR"}},
+        {"status": {"code": True}}, {"status": {}}, {"status": None}, {"status": []},
+        {"events": None}, {"events": []}, {"events": {}}, {"events": [1]},
+        {"events": [{"timeUnixNano": "5", "name": "e", "attributes": [{"key": "a", "value": {}}]}]},
+        {"events": [{"timeUnixNano": -5}]},
+        {"parentSpanId": ""}, {"parentSpanId": "0000000000000000"}, {"parentSpanId": 0},
+        {"parentSpanId": "00F067AA0BA902B7"}, {"spanId": "00F067AA0BA902B7"},
+        {"spanId": "0f067aa0ba902b7"}, {"spanId": "0000000000000000"}, {"spanId": "b7ad6b7169203331"},
+        {"spanId": "zz"}, {"traceId": "0AF7651916CD43DD8448EB211C80319C"},
+        {"startTimeUnixNano": "3000", "endTimeUnixNano": "2000"}, {"startTimeUnixNano": 0},
+        {"startTimeUnixNano": " 2000"}, {"endTimeUnixNano": str(2**64)}, {"name": None},
+        {"name": 5}, {"attributes": None}, {"attributes": {}}, {"unknown": [1, {"x": "y"}]},
+        {"~tracekit.service": "forged", "~tracekit.error": True},
+    ],
+)  # fmt: skip
+def test_span_fields(span: dict[str, Any]) -> None:
+    check(attr_line({"stringValue": "v"}, **span))
+
+
+def test_bytes_the_fast_decoder_skips_are_checked_like_orjson_does() -> None:
+    line = orjson.dumps(otlp_doc())
+    # An unknown field with invalid UTF-8, a lone surrogate, or nested too deeply: orjson
+    # refuses the line, so the fast path must not take it.
+    for extra in (b'"zz":"\xff",', b'"zz":"\\ud800",', b'"zz":' + b"[" * 1100 + b"]" * 1100 + b","):
+        mutated = line.replace(b'{"resourceSpans"', b"{" + extra + b'"resourceSpans"', 1)
+        assert typed_spans(mutated) is None
+        assert isinstance(generic(mutated), str)
+    # Valid non-ASCII text and repeated keys are fine (the last one wins in both).
+    assert check(line.replace(b'"name":"root"', b'"name":"r\xc3\xa9","name":"root"'))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"result": otlp_doc()},
+        {"resourceSpans": None},
+        {"resourceSpans": []},
+        {"resourceSpans": [{"instrumentationLibrarySpans": otlp_doc()["resourceSpans"][0]["scopeSpans"]}]},
+        {"resourceSpans": [{"scopeSpans": None, "instrumentationLibrarySpans": []}]},
+        {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"intValue": 5}}]},
+                            "scopeSpans": otlp_doc()["resourceSpans"][0]["scopeSpans"]}]},
+        {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"intValue": "x"}}]},
+                            "scopeSpans": otlp_doc()["resourceSpans"][0]["scopeSpans"]}]},
+        {"resourceSpans": [{"resource": [], "scopeSpans": []}]},
+        {"resourceSpans": [{"scopeSpans": [{"spans": None}, {"spans": {}}]}]},
+        [otlp_doc()],
+    ],
+)  # fmt: skip
+def test_documents(doc: Any) -> None:
+    check(json.dumps(doc).encode())
+
+
+def test_envelopes_and_other_formats_are_left_to_the_generic_reader() -> None:
+    assert typed_spans(orjson.dumps({"result": otlp_doc()})) is None
+    assert typed_spans(orjson.dumps({"data": []})) is None
+    assert typed_spans(b"not json") is None
