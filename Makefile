@@ -10,10 +10,11 @@ NATIVE_SOURCES := $(patsubst %,tracekit/%.py,$(shell sed -n '/^COMPILED = (/,/^)
 .PHONY: demo test lint bench build clean
 
 # The editable install compiles the hot path in place (setup.py) with the pinned mypyc.
-$(STAMP): pyproject.toml constraints.txt setup.py
+# Pins: constraints.txt; on Python 3.10, constraints-py310.txt (some pins need 3.11).
+$(STAMP): pyproject.toml constraints.txt constraints-py310.txt setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c "$$($(BIN)/python -c 'import sys; print("constraints-py310.txt" if sys.version_info < (3, 11) else "constraints.txt")')" -e '.[dev]'
 	touch $(STAMP) $(NATIVE)
 
 $(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
