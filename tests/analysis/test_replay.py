@@ -385,7 +385,9 @@ def _with_endpoint_span(records: list) -> list:
     return records
 
 
-def test_plain_containers_let_a_gather_apply_inside_a_plain_sibling_span() -> None:
+def test_a_plain_span_covering_the_stages_does_not_hold_the_latency() -> None:
+    # FastAPI's endpoint span beside the stages: replayed as a delay of its recorded length
+    # it would pin every request's latency, whatever a fix changes.
     ops = [
         Op("cpu", 0.3),
         Op("cpu", 0.5, "guardrail"),
@@ -396,13 +398,10 @@ def test_plain_containers_let_a_gather_apply_inside_a_plain_sibling_span() -> No
     fix = Fix("gather", ROUTE, "guardrail", other="model")
     plain, _ = Replayer(_config()).project(_closed_loop(ops, n=200), fix)
     records = _with_endpoint_span(_closed_loop(ops, n=200))
-    wrapped, note = Replayer(_config(plain_containers=True)).project(records, fix)
+    wrapped, note = Replayer(_config()).project(records, fix)
     assert plain is not None and wrapped is not None, note
-    assert wrapped["p50_ms"][1] == pytest.approx(plain["p50_ms"][1], rel=0.03)
+    assert wrapped == plain
     assert wrapped["p50_ms"][0] - wrapped["p50_ms"][1] > 55.0
-    # Read as recorded (the default), the plain span's duration pins the latency.
-    pinned, _ = Replayer(_config()).project(records, fix)
-    assert pinned is not None and pinned["p50_ms"][0] - pinned["p50_ms"][1] < 1.0
 
 
 def test_a_fix_the_replay_cannot_apply_gets_a_note_not_a_projection() -> None:

@@ -7,10 +7,11 @@ import random
 import pytest
 
 from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
+from tracekit.analysis._intervals import StageTree
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import ModelCall
 from tracekit.analysis._replay_memo import ProgramMemo
-from tracekit.analysis._replay_nodes import ReplayTree
+from tracekit.analysis._replay_sim import DELAY
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord
 
@@ -92,27 +93,47 @@ def _endpoint(req: RequestRecord) -> RequestRecord:
 
 
 @pytest.mark.parametrize("order", [1, -1])
-@pytest.mark.parametrize("adopt", [False, True])
-def test_programs_from_the_memo_equal_programs_built_afresh(order: int, adopt: bool) -> None:
+def test_programs_from_the_memo_equal_programs_built_afresh(order: int) -> None:
     records = _records()
     for req in [*records, *(_endpoint(r) for r in records[::7])]:
         memo = ProgramMemo()
         variants = [(fix, {}) for fix in FIXES] + [(None, _calls(req, w)) for w in (False, True)]
         for fix, calls in [*variants[::order], *variants]:
-            fresh = ProgramBuilder(req, 0, fix, calls, None, adopt).program()
-            reused = ProgramBuilder(req, 0, fix, calls, memo, adopt).program()
+            fresh = ProgramBuilder(req, 0, fix, calls, None).program()
+            reused = ProgramBuilder(req, 0, fix, calls, memo).program()
             assert reused == fresh, (fix, calls)
 
 
-def test_a_plain_span_adopts_the_sibling_stages_it_contains() -> None:
+def test_a_plain_span_that_covers_stages_is_not_a_node() -> None:
+    # FastAPI's endpoint span: a sibling of the stages, covering them.
     req = _endpoint(_nested(0.0))
-    tree, recorded = ReplayTree(req, adopt=True), ReplayTree(req)
+    tree = StageTree(req)
     endpoint = req.stages[0]
-    inside = [s.name for s in tree.kids(endpoint)]
-    assert inside == ["handler", "model", "lookup", "lookup", "lookup", "serialize"]
-    assert [s.name for s in tree.kids(None)] == ["endpoint"]
-    assert all(tree.parent(s) is endpoint for s in tree.kids(endpoint))
-    assert recorded.kids(None) == recorded.tree.kids(None) and not recorded.kids(endpoint)
+    assert tree.transparent == {endpoint.span_id}
+    names = ["handler", "model", "lookup", "lookup", "lookup", "serialize"]
+    assert [s.name for s in tree.kids(None)] == names
+    assert all(tree.parent(s) is None for s in tree.kids(None))
+    # The request's own slice at 100-103 ms lies inside the endpoint span: still its own.
+    assert tree.own_slices(None, req) == [(0 + BASE_NS, 1_000_000 + BASE_NS),
+                                          (100_000_000 + BASE_NS, 103_000_000 + BASE_NS)]
+
+
+def test_a_plain_parent_of_stages_is_not_a_node_and_a_plain_leaf_is() -> None:
+    # A manual span around two stages (their parent), and a plain CLIENT call (a leaf).
+    outer = stage("retrieval", 1, 50, parent=None)
+    first = stage("embed", 2, 20, cpu_ms=1.0, wait_ms=17.0, parent=outer.span_id)
+    second = stage("search", 21, 49, cpu_ms=1.0, wait_ms=27.0, parent=outer.span_id)
+    call = stage("HTTP GET", 52, 60, span_kind="client")
+    req = request(ROUTE, 0, 61, [outer, first, second, call], cpu_ms=3.0)
+    tree = StageTree(req)
+    assert tree.transparent == {outer.span_id}
+    assert tree.kids(None) == [first, second, call]
+    assert tree.parent(first) is None and tree.kids(outer) == []
+    program = ProgramBuilder(req, 0).program()
+    assert (DELAY, 8.0) in program  # the plain call: a recorded delay
+    # Without the instrumented stages the span is a plain subtree: it stays a node.
+    plain = request(ROUTE, 0, 61, [outer, stage("x", 2, 20, parent=outer.span_id)])
+    assert StageTree(plain).transparent == set() and StageTree(plain).kids(None) == [outer]
 
 
 def test_a_fix_reuses_the_nodes_it_does_not_touch() -> None:

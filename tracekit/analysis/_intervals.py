@@ -77,24 +77,53 @@ def overlap(start: int, end: int, cover: Sequence[Interval]) -> int:
     return total
 
 
+def has_components(stage: StageRecord) -> bool:
+    """Whether a stage record carries tracekit's cpu/wait components (else: a plain span)."""
+    return stage.cpu_ms is not None or stage.wait_ms is not None or bool(stage.loop_slices)
+
+
 class StageTree:
-    """Parent/child structure of one request's stages.
+    """Parent/child structure of one request's stages, with plain containers made transparent.
+
+    A *plain* span (no tracekit components: another instrumentation's) that covers
+    instrumented stages of the same request is not a node here: frameworks record such spans
+    beside tracekit's stages (FastAPI's ``fastapi.endpoint`` is a sibling of the stages it
+    runs, covering them) or around them (a manual ``start_as_current_span`` whose children
+    are stages). Its time belongs to the ledger it ran in (the request's or an enclosing
+    stage's, whose slices and waits cover it), so its children move up to its parent and
+    the stages it covers stay where they are. A plain span covers a stage when the stage is
+    its descendant, or a sibling lying within its interval. Plain spans that cover no stage
+    (an HTTP CLIENT call, a database query) stay nodes: recorded delays.
 
     Attributes:
+        by_id: span id -> stage, every stage (transparent ones included).
         top: stages whose parent is the request span (or not among the stages), by start.
         children: span id -> its child stages, by start.
+        transparent: span ids of the plain spans that are not nodes.
+
+    Cost: one pass and C-level sort keys (built for every request by several rules and the
+    replay); splicing, only for requests with both plain spans and instrumented stages, is
+    O(stages x siblings).
     """
 
-    __slots__ = ("by_id", "children", "top")
+    __slots__ = ("_parent", "by_id", "children", "top", "transparent")
 
     def __init__(self, req: RequestRecord) -> None:
-        # Built for every request by several rules and the replay: kept to one pass and
-        # C-level sort keys.
         self.by_id = by_id = {s.span_id: s for s in req.stages}
         self.children: dict[str, list[StageRecord]] = {}
         self.top: list[StageRecord] = []
+        self.transparent: set[str] = set()
+        self._parent: dict[str, StageRecord | None] | None = None
+        plain: list[StageRecord] = []
+        instrumented = under_plain = False
         for stage in req.stages:
             parent = stage.parent_id
+            if has_components(stage):
+                instrumented = True
+                if parent is not None and parent in by_id and not under_plain:
+                    under_plain = not has_components(by_id[parent])
+            else:
+                plain.append(stage)
             if parent is None or parent == stage.span_id or parent not in by_id:
                 self.top.append(stage)
             else:
@@ -103,10 +132,82 @@ class StageTree:
             self.top.sort(key=_START_KEY)
         for kids in self.children.values():
             kids.sort(key=_START_KEY)
+        if plain and instrumented:
+            self._splice(plain, under_plain)
+
+    def _splice(self, plain: list[StageRecord], under_plain: bool) -> None:
+        """Find the transparent plain spans and lift their children to their parents."""
+        by_id, transparent = self.by_id, self.transparent
+        for p in plain:  # beside instrumented siblings that it covers
+            pid = p.parent_id
+            kids = self.children.get(pid, ()) if pid is not None and pid in by_id else self.top
+            for k in kids:
+                if k.start_ns > p.end_ns:
+                    break
+                if (k.start_ns >= p.start_ns and k.end_ns <= p.end_ns and k is not p
+                        and has_components(k)):  # fmt: skip
+                    transparent.add(p.span_id)
+                    break
+        if under_plain:  # above an instrumented stage
+            for stage in self.by_id.values():
+                if not has_components(stage):
+                    continue
+                seen: set[str] = set()
+                node = by_id.get(stage.parent_id or "")
+                while node is not None and node.span_id not in seen:
+                    seen.add(node.span_id)
+                    if not has_components(node):
+                        transparent.add(node.span_id)
+                    node = by_id.get(node.parent_id or "")
+        if not transparent:
+            return
+        parents: dict[str, StageRecord | None] = {}  # the lifted stages' new parents
+        if any(k.span_id in transparent for k in self.top):
+            self.top = self._lift(self.top, None, parents)
+        for span_id, kids in list(self.children.items()):
+            if span_id not in transparent and any(k.span_id in transparent for k in kids):
+                self.children[span_id] = self._lift(kids, by_id[span_id], parents)
+        for span_id in transparent:
+            self.children.pop(span_id, None)
+        self._parent = parents
+
+    def _lift(
+        self,
+        kids: list[StageRecord],
+        parent: StageRecord | None,
+        parents: dict[str, StageRecord | None],
+    ) -> list[StageRecord]:
+        """``kids`` with each transparent span replaced by its own (lifted) children."""
+        transparent, children = self.transparent, self.children
+        if not any(k.span_id in children for k in kids if k.span_id in transparent):
+            return [k for k in kids if k.span_id not in transparent]  # still sorted
+        out: list[StageRecord] = []
+        stack = list(reversed(kids))
+        seen: set[str] = set()
+        while stack:
+            kid = stack.pop()
+            if kid.span_id in seen:
+                continue  # a cycle in hostile input
+            seen.add(kid.span_id)
+            if kid.span_id in transparent:
+                stack.extend(reversed(children.get(kid.span_id, ())))
+                continue
+            out.append(kid)
+            if kid.parent_id in transparent:
+                parents[kid.span_id] = parent
+        out.sort(key=_START_KEY)
+        return out
 
     def kids(self, stage: StageRecord | None) -> list[StageRecord]:
-        """Direct children of ``stage`` (``None``: of the request)."""
+        """Direct children of ``stage`` (``None``: of the request), by start."""
         return self.top if stage is None else self.children.get(stage.span_id, [])
+
+    def parent(self, stage: StageRecord) -> StageRecord | None:
+        """The parent of ``stage`` in this tree (``None``: the request)."""
+        if self._parent is not None and stage.span_id in self._parent:
+            return self._parent[stage.span_id]
+        pid = stage.parent_id
+        return self.by_id.get(pid) if pid is not None and pid != stage.span_id else None
 
     def descendants(self, stage: StageRecord | None) -> list[StageRecord]:
         """All stages below ``stage`` (``None``: every stage), cycle-safe."""

@@ -83,7 +83,7 @@ def model_calls(
 
 def submit_time(stage: StageRecord, req: RequestRecord, tree: StageTree) -> int:
     """When the request was ready to start ``stage`` (see the module docstring)."""
-    parent = tree.by_id.get(stage.parent_id) if stage.parent_id is not None else None
+    parent = tree.parent(stage)
     ready = parent.start_ns if parent is not None else req.start_ns
     for sibling in tree.kids(parent):
         if sibling is not stage and sibling.end_ns <= stage.start_ns:

@@ -17,7 +17,8 @@ slices (slices under 1 ms are not recorded) is spread over the node's gaps in pr
 their length. Stages that ran on a worker thread (``on_loop`` false) replay as a thread-pool
 slot held for their recorded duration: their effect on the loop (GIL contention) is already
 in the loop slices recorded beside them. Spans without tracekit attributes are containers
-whose own time is a delay.
+whose own time is a delay, unless they cover stages: then they are not nodes at all
+(:class:`~tracekit.analysis._intervals.StageTree`).
 
 Reuse across replays (:class:`ProgramMemo`): a node's *plan* (its gaps' nodes, its clusters'
 recorded arguments) does not depend on the fix, and neither does the finished program of a
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis._intervals import Interval, merge, overlap, subtract
+from tracekit.analysis._intervals import Interval, StageTree, has_components, merge, overlap, subtract
 from tracekit.analysis._replay_fixes import (
     THREADS,
     Blocks,
@@ -44,13 +45,11 @@ from tracekit.analysis._replay_memo import ROOT, Block, Plan, ProgramMemo, touch
 from tracekit.analysis._replay_nodes import (
     MS,
     TINY_MS,
-    ReplayTree,
     absorb,
     clusters,
     consumer_ms,
     free_ms,
     gaps,
-    has_components,
     hold_largest_delay,
     merge_loops,
     resumptions,
@@ -71,9 +70,6 @@ class ProgramBuilder:
         model_calls: span id -> :class:`ModelCall`, for the model-server variant.
         memo: the request's :class:`ProgramMemo`, to reuse what earlier builds of it made
             (``None``: build everything).
-        plain_containers: plain spans adopt the sibling stages they contain
-            (:class:`~tracekit.analysis._replay_nodes.ReplayTree`; the memo's tree, once
-            made, decides).
 
     Cost: O(stages + slices + waits) with sorting, without a memo; with one, a fix costs
     only the nodes it touches.
@@ -86,13 +82,12 @@ class ProgramBuilder:
         fix: Fix | None = None,
         model_calls: dict[str, ModelCall] | None = None,
         memo: ProgramMemo | None = None,
-        plain_containers: bool = False,
     ) -> None:
         self.req = req
         if memo is not None and memo.tree is None:
-            memo.tree = ReplayTree(req, plain_containers)
+            memo.tree = StageTree(req)
         tree = memo.tree if memo is not None else None
-        self.tree = tree if tree is not None else ReplayTree(req, plain_containers)
+        self.tree = tree if tree is not None else StageTree(req)
         self.t0 = t0_ns
         self.fix = fix if fix is not None and fix.route == req.route else None
         self.model_calls = model_calls or {}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.analysis._intervals import StageTree
 from tracekit.analysis._replay_fixes import ModelCall, targets
-from tracekit.analysis._replay_nodes import ReplayTree
 from tracekit.analysis._replay_sim import Node
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import StageRecord
@@ -55,14 +55,14 @@ class ProgramMemo:
     __slots__ = ("items", "plans", "tree")
 
     def __init__(self) -> None:
-        self.tree: ReplayTree | None = None
+        self.tree: StageTree | None = None
         self.items: dict[int, list[Node]] = {}
         self.plans: dict[int, Plan] = {}
 
 
 
 def touched_nodes(
-    tree: ReplayTree, fix: Fix | None, model_calls: dict[str, ModelCall]
+    tree: StageTree, fix: Fix | None, model_calls: dict[str, ModelCall]
 ) -> tuple[set[int], set[int]]:
     """Keys of the nodes whose own program ``fix`` or the held ``model_calls`` change (a
     stage the fix moves or shrinks, the parent whose children it restructures or whose child

@@ -9,12 +9,11 @@ parts are shared between replays (``_replay_build.ProgramMemo``).
 from __future__ import annotations
 
 from bisect import bisect_left
-from operator import attrgetter
 
 from tracekit import semconv
-from tracekit.analysis._intervals import Interval, StageTree, overlap
+from tracekit.analysis._intervals import Interval, has_components, overlap
 from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, Node
-from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.model import StageRecord
 
 MS = 1e6
 TINY_MS = 0.001  # pieces and delays shorter than a microsecond are noise
@@ -22,11 +21,6 @@ _FOLLOW_NS = 50_000  # a recorded slice starting this soon after a loop wait is 
 
 #: (start, end, member stages) of a run of overlapping child stages.
 Cluster = tuple[int, int, list[StageRecord]]
-
-
-def has_components(stage: StageRecord) -> bool:
-    """Whether a stage record carries tracekit's cpu/wait components."""
-    return stage.cpu_ms is not None or stage.wait_ms is not None or bool(stage.loop_slices)
 
 
 def is_model_stage(stage: StageRecord) -> bool:
@@ -42,99 +36,6 @@ def consumer_ms(stage: StageRecord) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     return 0.0
-
-
-class ReplayTree:
-    """The stage tree as the replay reads it; optionally, a plain span (no tracekit
-    components) adopts the sibling stages that lie within its interval.
-
-    Instrumentations record their own spans beside tracekit's stages, under the same parent,
-    although the stages ran inside them (FastAPI's ``fastapi.endpoint`` span covers the
-    handler and every stage it awaits). Read as siblings, the plain span would replay as a
-    recorded delay running beside the stages, which pins the request's latency to the
-    recorded one whatever a fix changes. Read as their parent, its own time is what the
-    stages leave of it.
-
-    Off by default (``ReplayConfig.plain_containers``): measured on the example gateway's
-    traces, the replay then no longer reproduces them under load (``docs/analyzer-rules.md``,
-    "Limits"); with it off, their requests' latency is pinned to the recorded span.
-
-    Args:
-        req: the request.
-        adopt: let plain spans adopt the stages they contain (else: the recorded tree).
-
-    Attributes:
-        tree: the recorded :class:`StageTree`.
-        by_id: span id -> stage.
-
-    Cost: nothing beyond the stage tree when ``adopt`` is off; else O(stages x siblings)
-    once per request.
-    """
-
-    __slots__ = ("_kids", "_parent", "by_id", "tree")
-
-    def __init__(self, req: RequestRecord, adopt: bool = False) -> None:
-        self.tree = tree = StageTree(req)
-        self.by_id = tree.by_id
-        self._kids: dict[int, list[StageRecord]] | None = None
-        self._parent: dict[int, StageRecord | None] = {}
-        if adopt:
-            self._adopt_all()
-
-    def _adopt_all(self) -> None:
-        kids_of: dict[int, list[StageRecord]] = {}
-        adopted: dict[int, list[StageRecord]] = {}
-        stack: list[StageRecord | None] = [None]
-        while stack:
-            node = stack.pop()
-            key = 0 if node is None else id(node)
-            if key in kids_of:
-                continue  # a cycle in hostile input
-            kids = self.tree.kids(node)
-            if key in adopted:
-                kids = sorted([*kids, *adopted[key]], key=_START_KEY)
-            kids_of[key] = kids = _adopt(kids, adopted)
-            for kid in kids:
-                self._parent.setdefault(id(kid), node)
-                stack.append(kid)
-        self._kids = kids_of
-
-    def kids(self, stage: StageRecord | None) -> list[StageRecord]:
-        """Children of ``stage`` (``None``: the request) in the replay, by start."""
-        if self._kids is None:
-            return self.tree.kids(stage)
-        return self._kids.get(0 if stage is None else id(stage), [])
-
-    def parent(self, stage: StageRecord) -> StageRecord | None:
-        """The parent of ``stage`` in the replay (``None``: the request)."""
-        if self._kids is not None:
-            return self._parent.get(id(stage))
-        pid = stage.parent_id
-        return self.by_id.get(pid) if pid is not None and pid != stage.span_id else None
-
-    def own_slices(self, stage: StageRecord | None, req: RequestRecord) -> list[Interval]:
-        """:meth:`StageTree.own_slices` (plain spans have no slices to take out)."""
-        return self.tree.own_slices(stage, req)
-
-
-_START_KEY = attrgetter("start_ns", "span_id")
-
-
-def _adopt(kids: list[StageRecord], adopted: dict[int, list[StageRecord]]) -> list[StageRecord]:
-    """``kids`` less those a plain sibling contains, which go to ``adopted[id(plain)]``."""
-    plain = [p for p in kids if not has_components(p)]
-    if not plain or len(kids) < 2:
-        return kids
-    taken: set[int] = set()
-    for p in sorted(plain, key=lambda k: (k.start_ns, -k.end_ns)):
-        if id(p) in taken:
-            continue
-        inside = [k for k in kids if k is not p and id(k) not in taken
-                  and p.start_ns <= k.start_ns and k.end_ns <= p.end_ns]  # fmt: skip
-        if inside:
-            adopted[id(p)] = inside
-            taken.update(id(k) for k in inside)
-    return [k for k in kids if id(k) not in taken] if taken else kids
 
 
 def clusters(kids: list[StageRecord], start: int, end: int) -> list[Cluster]:

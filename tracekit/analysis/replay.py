@@ -73,10 +73,6 @@ class ReplayConfig:
             least ``min_requests`` in the sample has this many requests in it (or all it
             has), so that a rare route is still validated on a usable sample.
         max_window: never more than this many requests (the analyzer's sample size).
-        plain_containers: a plain span (no tracekit attributes) that contains sibling
-            stages is replayed as their parent rather than as a recorded delay beside them
-            (``_replay_nodes.ReplayTree``; off: measured not to reproduce the example
-            gateway under load, ``docs/analyzer-rules.md``).
     """
 
     thread_pool_size: int = field(default_factory=default_thread_pool_size)
@@ -90,7 +86,6 @@ class ReplayConfig:
     max_requests: int = 5_000
     route_requests: int = 200
     max_window: int = 20_000
-    plain_containers: bool = False
 
     def __post_init__(self) -> None:
         if self.thread_pool_size < 1 or self.cores < 1:
@@ -334,14 +329,14 @@ class Replayer:
         if memo is None:
             memo = self._memos[id(req)] = ProgramMemo()
         if fix is not None and fix.action != "model_overlap" and req.route == fix.route:
-            builder = ProgramBuilder(req, 0, fix, calls, memo, self.config.plain_containers)
+            builder = ProgramBuilder(req, 0, fix, calls, memo)
             fixed = builder.program()
             self._applied = self._applied or builder.applied
             return fixed
         key = (id(req), variant)
         program = self._programs.get(key)
         if program is None:
-            builder = ProgramBuilder(req, 0, None, calls, memo, self.config.plain_containers)
+            builder = ProgramBuilder(req, 0, None, calls, memo)
             program = self._programs[key] = builder.program()
         return program
 

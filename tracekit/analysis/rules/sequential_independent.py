@@ -221,7 +221,7 @@ def _cpu_bound_on_loop(guards: list[StageRecord]) -> bool:
 
 def _guardrail_before(model: StageRecord, tree: StageTree) -> StageRecord | None:
     """The latest guardrail sibling of ``model`` that ended before it started."""
-    parent = tree.by_id.get(model.parent_id) if model.parent_id is not None else None
+    parent = tree.parent(model)
     best: StageRecord | None = None
     for sibling in tree.kids(parent):
         if sibling.kind != semconv.KIND_GUARDRAIL or sibling.end_ns > model.start_ns:
