@@ -28,9 +28,9 @@ from tracekit._failsafe import internal_error
 from tracekit._request import Request, new_span_id, new_trace_id
 
 MAX_GAPS: Final = 4096  # inter-chunk gaps kept per request; beyond, a uniform reservoir sample
-UNSAMPLED = Ledger(Site("unsampled", "request"), None, None, 0)  # marks "inside a dropped request"
+UNSAMPLED: Final = Ledger(Site("unsampled", "request"), None, None, 0)  # marks "inside a dropped request"
 
-_randrange = random.randrange
+_randrange: Final = random.randrange
 
 
 def begin(runtime: _runtime.Runtime, scope: MutableMapping[str, Any]) -> Request | SpanContext | None:

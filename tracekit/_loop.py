@@ -67,7 +67,7 @@ class ThreadState:
         self.watched: object = None  # the watchdog sampling this thread (see _watchdog.py)
 
 
-_local = threading.local()
+_local: Final = threading.local()
 
 
 def thread_state() -> ThreadState:

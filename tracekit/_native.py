@@ -6,6 +6,10 @@ request-path modules below with mypyc when it can (a C compiler is there, and
 (docs/performance.md). The ``.py`` files stay the one source: the compiled modules are made
 from them, and the test suite runs on both builds.
 
+Writing for the compiler: module-level constants of the compiled modules are ``Final`` (mypyc
+keeps them in C variables instead of looking them up in the module's dict), and their classes
+declare every attribute (mypyc turns them into C structs).
+
 ``TRACEKIT_PURE_PYTHON=1`` at run time makes tracekit import the ``.py`` sources even where
 compiled modules exist (to debug, or to compare the two). So does a compiled module that is
 older than its source (an edited checkout: ``make`` rebuilds them) or that fails to load; both

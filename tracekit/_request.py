@@ -8,12 +8,12 @@ lifecycle per stage while the request runs (costs measured in docs/performance.m
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Final
 
 from tracekit._accounting import Ledger
 
 # Span ids need uniqueness, not secrecy: the OpenTelemetry SDK's default generator uses this too.
-_bits = random.getrandbits
+_bits: Final = random.getrandbits
 
 
 def new_trace_id() -> int:

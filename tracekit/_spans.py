@@ -19,11 +19,11 @@ from tracekit import _clock, _summary, semconv
 from tracekit._accounting import REQUEST, Ledger
 from tracekit._request import Request
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_OK = Status(StatusCode.UNSET)
-_INTERNAL = SpanKind.INTERNAL
-_SERVER = SpanKind.SERVER
-_tuple_new = tuple.__new__
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_OK: Final = Status(StatusCode.UNSET)
+_INTERNAL: Final = SpanKind.INTERNAL
+_SERVER: Final = SpanKind.SERVER
+_tuple_new: Final = tuple.__new__
 
 
 def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None) -> SpanContext:

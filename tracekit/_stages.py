@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from contextvars import Token
+from typing import Final
 
 from opentelemetry import context as otel_context
 
@@ -34,11 +35,11 @@ from tracekit._context import get_ledger, reset_ledger, set_ledger
 from tracekit._failsafe import internal_error
 from tracekit._request import new_span_id
 
-_get_running_loop = asyncio._get_running_loop
-_current_task = asyncio.current_task
+_get_running_loop: Final = asyncio._get_running_loop
+_current_task: Final = asyncio.current_task
 # enter()'s "outer" for a stage that takes no step: an async stage that drives itself, or a
 # block that keeps wall time only.
-NO_STEP = Ledger(Site("no step", "other"), None, None, 0)
+NO_STEP: Final = Ledger(Site("no step", "other"), None, None, 0)
 
 
 def on_loop() -> bool:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Final
 
 from tracekit import _accounting, _clock, _loop
 from tracekit._accounting import Ledger
 from tracekit._failsafe import internal_error
 
-_get_running_loop = asyncio._get_running_loop
-_current_task = asyncio.current_task
+_get_running_loop: Final = asyncio._get_running_loop
+_current_task: Final = asyncio.current_task
 
 
 def running_task() -> object:
