@@ -84,6 +84,7 @@ class Ledger:
         "loop_wait",
         "max_block",
         "nested_cpu",
+        "owns_slice",
         "parent",
         "prev_top",
         "request",
@@ -104,6 +105,7 @@ class Ledger:
     nested_cpu: int  # CPU of nested stages' steps inside the open step (subtracted from it)
     prev_top: Ledger | None  # what was on top of the thread's step stack before this step
     state: _loop.ThreadState  # the thread a step-taking stage runs on (tracekit._stages)
+    owns_slice: bool  # a sync call's step began the thread's outermost slice (tracekit._stages)
 
     consumer = 0  # async generators: ns the consumer held yielded items
     slices: list[tuple[int, int]] | None = None  # (start, duration) >= 1 ms, on the loop

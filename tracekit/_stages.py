@@ -42,11 +42,6 @@ _current_task: Final = asyncio.current_task
 NO_STEP: Final = Ledger(Site("no step", "other"), None, None, 0)
 
 
-def on_loop() -> bool:
-    """Whether the calling thread is running an event loop (its CPU holds that loop)."""
-    return _get_running_loop() is not None
-
-
 def open_ledger(site: Site, bind: bool = True, start: int = 0) -> Ledger | None:
     """Start a ledger for ``site`` under the current one; None when nothing is recorded.
 
@@ -101,7 +96,8 @@ def step_in(led: Ledger, now: int) -> None:
     """Begin a step of ``led`` nested in the step open on this thread (a sync call, or one
     ``next()`` of a sync generator stage); outside any step it is an outermost slice."""
     state = led.state = _loop.thread_state()
-    if state.top is None and not state.slice_start:
+    led.owns_slice = state.top is None and not state.slice_start
+    if led.owns_slice:
         _loop.slice_begin(state, now)
     _accounting.step_begin(led, state, now, _loop.cpu_now(state, now))
 
@@ -112,9 +108,8 @@ def step_out(led: Ledger) -> int:
     state = led.state
     cpu = _loop.cpu_now(state, end)
     loop = _get_running_loop() is not None
-    outermost = led.prev_top is None and state.slice_start == led.step_t0
     _accounting.step_end(led, state, end, cpu, loop)
-    if outermost:
+    if led.owns_slice:
         _loop.slice_end(state, end, loop)
     return end
 

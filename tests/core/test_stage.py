@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 import tracekit
+from tracekit import _loop
 from tracekit import semconv as sc
 from tracekit.stage import Stage
 
@@ -350,3 +351,28 @@ def test_an_eager_child_task_does_not_take_over_its_parents_step() -> None:
     spans = by_name(rec.spans)
     assert spans["guardrail"].attributes[sc.WAIT_MS] == pytest.approx(20, abs=15)
     assert spans["request"].attributes[sc.CPU_MS] >= 3  # the spin stayed the parent's
+
+
+def test_a_block_inside_a_sync_stage_in_a_worker_thread_leaves_no_slice_open() -> None:
+    @tracekit.stage("tokenize")
+    def tokenize() -> None:
+        spin(2)
+        with tracekit.stage("guardrail"):  # takes the sync stage's step over, then hands it back
+            spin(2)
+        spin(2)
+
+    def worker() -> tuple[int, object]:
+        tokenize()
+        state = _loop.thread_state()
+        return state.slice_start, state.top
+
+    @tracekit.stage("request")
+    async def root() -> tuple[int, object]:
+        return await asyncio.to_thread(worker)
+
+    with tracekit.record() as rec:
+        slice_start, top = asyncio.run(root())
+    assert (slice_start, top) == (0, None)  # the call's slice ended with it
+    spans = by_name(rec.spans)
+    assert spans["guardrail"].parent.span_id == spans["tokenize"].context.span_id
+    assert spans["guardrail"].attributes[sc.CPU_MS] > 0 and spans["tokenize"].attributes[sc.CPU_MS] > 0
