@@ -189,7 +189,8 @@ def random_requests(seed: int, n: int) -> list[RequestRecord]:
 
 
 def aggregate(requests: list[RequestRecord], **settings: Any) -> Aggregator:
-    agg = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), sample_size=300, **settings)
+    settings.setdefault("sample_size", 300)
+    agg = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), **settings)
     for req in requests:
         agg.add(req, counted=req.route != "POST /embed" or req.start_ns % 2 == 0)
     return agg
@@ -215,8 +216,8 @@ def test_merged_aggregators_equal_one_fed_everything(seed: int) -> None:
     cuts = sorted(rng.sample(range(1, len(requests)), 3))
     parts = [requests[a:b] for a, b in zip([0, *cuts], [*cuts, len(requests)], strict=True)]
     merged = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), sample_size=300)
-    for part in parts:
-        merged.merge(aggregate(part))
+    for i, part in enumerate(parts):
+        merged.merge(aggregate(part, pack_sample=i % 2 == 1))  # packed samples merge too
     assert summary(merged) == summary(aggregate(requests))
 
 
@@ -227,8 +228,8 @@ def test_the_sample_can_travel_apart_from_the_statistics() -> None:
     cutoff = keys[299]
     merged = Aggregator(slo=parse_slo("ttft=50ms,e2e=100ms"), sample_size=300)
     for half in halves:
-        kept = half.take_sample(cutoff)
-        assert all(sample_key(r) >= cutoff for r in kept)
+        kept = [r for key, r in half.take_sample() if key >= cutoff]
+        assert half.sample() == [] and all(sample_key(r) >= cutoff for r in kept)  # type: ignore[arg-type]
         merged.merge(half, sample=False)
         merged.adopt_sample(kept)
     assert summary(merged) == summary(aggregate(requests))

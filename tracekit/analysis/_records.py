@@ -249,11 +249,36 @@ def compact(req: RequestRecord) -> RequestRecord:
     return req
 
 
+def reshare(req: RequestRecord) -> RequestRecord:
+    """Share the repeated strings of a compacted record again, in place (after unpacking).
+
+    A record rebuilt from bytes has its own copy of every name; sharing them again makes a
+    kept sample as small as one assembly built (a third less memory).
+    """
+    req.route = share(req.route)
+    req.service = share(req.service)
+    if req.attributes:
+        req.attributes = _kept(req.attributes)
+    for stage in req.stages:
+        stage.name = share(stage.name)
+        stage.kind = share(stage.kind)
+        stage.span_kind = share(stage.span_kind)
+        if stage.code_function is not None:
+            stage.code_function = share(stage.code_function)
+        if stage.code_namespace is not None:
+            stage.code_namespace = share(stage.code_namespace)
+        if stage.blocked_at is not None:
+            stage.blocked_at = share(stage.blocked_at)
+        if stage.attributes:
+            stage.attributes = _kept(stage.attributes)
+    return req
+
+
 def _kept(attributes: dict[str, Any]) -> dict[str, Any]:
     if attributes.keys() <= DECODED_KEYS:
         return {}  # a tracekit stage span: every attribute is a record field
     return {
-        k: share(v) if type(v) is str else v
+        share(k): share(v) if type(v) is str else v
         for k, v in attributes.items()
         if k not in DECODED_KEYS
     }

@@ -29,7 +29,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from tracekit.analysis._records import compact
+from tracekit.analysis._packing import pack, unpack
+from tracekit.analysis._records import compact, reshare
 from tracekit.analysis._route_stats import (
     BREAKDOWN_KEYS,
     OTHER_ROUTES,
@@ -63,6 +64,8 @@ class Aggregator:
         sample_size: how many of the earliest requests to keep whole for rules and replay.
         max_routes: distinct routes tracked before new ones are pooled as ``(other routes)``.
         max_stages: distinct stage names per route before new ones are pooled.
+        pack_sample: keep the sample as packed bytes (a quarter of the memory; for the
+            parallel reader's workers, which send it on), unpacked by :meth:`sample`.
 
     The result does not depend on the order requests are added in (ties are broken by ids),
     and aggregators fed apart :meth:`merge` into what one fed everything holds -- except which
@@ -78,8 +81,10 @@ class Aggregator:
         sample_size: int = 20_000,
         max_routes: int = 500,
         max_stages: int = 64,
+        pack_sample: bool = False,
     ) -> None:
         self.slo = slo
+        self.pack_sample = pack_sample
         self.sample_size = sample_size
         self.max_routes = max_routes
         self.max_stages = max_stages
@@ -111,12 +116,17 @@ class Aggregator:
                 self._slower(req, wall)
         sample = self._sample
         if len(sample) < self.sample_size:
-            heapq.heappush(sample, _entry(compact(req)))
+            heapq.heappush(sample, self._entry(req))
         elif sample and req.start_ns <= -sample[0][0]:
-            entry = _entry(req)
-            if entry[:3] > sample[0][:3]:  # earlier than the latest kept one
-                compact(req)
-                heapq.heapreplace(sample, entry)
+            key = sample_key(req)
+            if key > sample[0][:3]:  # earlier than the latest kept one
+                heapq.heapreplace(sample, self._entry(req))
+
+    def _entry(self, req: RequestRecord) -> _Entry:
+        payload: RequestRecord | bytes = compact(req)
+        if self.pack_sample:
+            payload = pack(payload)
+        return (*sample_key(req), id(payload), payload)
 
     def _slower(self, req: RequestRecord, wall: int) -> None:
         wall = max(wall, 0)
@@ -160,25 +170,23 @@ class Aggregator:
         if sample:
             self.adopt_sample([entry[4] for entry in other._sample])
 
-    def adopt_sample(self, requests: list[RequestRecord]) -> None:
-        """Offer already compacted requests to the sample (not to the statistics)."""
+    def adopt_sample(self, requests: list[RequestRecord | bytes]) -> None:
+        """Offer already compacted (or packed) requests to the sample, not to the statistics."""
         for req in requests:
-            entry = _entry(req)
+            if type(req) is bytes:
+                req = reshare(unpack(req, RequestRecord))
+            entry = self._entry(req)  # type: ignore[arg-type]
             if len(self._sample) < self.sample_size:
                 heapq.heappush(self._sample, entry)
             elif self._sample and entry[:3] > self._sample[0][:3]:
                 heapq.heapreplace(self._sample, entry)
 
-    def sample_keys(self) -> list[SampleKey]:
-        """The keys of the kept requests: the larger a key, the earlier the request."""
-        return [e[:3] for e in self._sample]
-
-    def take_sample(self, cutoff: SampleKey | None) -> list[RequestRecord]:
-        """Remove and return the kept requests whose key is at least ``cutoff`` (all: None).
+    def take_sample(self) -> list[tuple[SampleKey, RequestRecord | bytes]]:
+        """Remove and return the kept requests (packed ones as bytes) with their keys.
 
         A request whose key is below the smallest key of a full sample can never enter it.
         """
-        taken = [e[4] for e in self._sample if cutoff is None or e[:3] >= cutoff]
+        taken = [(e[:3], e[4]) for e in self._sample]
         self._sample = []
         return taken
 
@@ -193,34 +201,36 @@ class Aggregator:
 
     def sample(self) -> list[RequestRecord]:
         """The kept requests, sorted by start time (then trace id, then span id)."""
-        return [entry[4] for entry in sorted(self._sample, key=_key, reverse=True)]
+        entries = sorted(self._sample, key=_key, reverse=True)
+        return [_record(e[4]) for e in entries]
 
 
 #: (-start_ns, trace id, span id) with the ids' bytes complemented: larger means earlier.
 SampleKey = tuple[int, bytes, bytes]
-_Entry = tuple[int, bytes, bytes, int, RequestRecord]
+# A sample entry: the key, then id() of the payload (separates exact duplicates, so that
+# records are never compared), then the record or its packed bytes.
+_Entry = tuple[int, bytes, bytes, int, "RequestRecord | bytes"]
 # Complementing every byte (and ending with 0xff) reverses the order of UTF-8 texts.
 _REVERSE = bytes(range(255, -1, -1))
-
-
-def _entry(req: RequestRecord) -> _Entry:
-    # id() only separates exact duplicates (same start and ids), so records are never compared.
-    return (
-        -req.start_ns,
-        req.trace_id.encode().translate(_REVERSE) + b"\xff",
-        req.span_id.encode().translate(_REVERSE) + b"\xff",
-        id(req),
-        req,
-    )
 
 
 def _key(entry: _Entry) -> SampleKey:
     return entry[:3]
 
 
+def _record(payload: RequestRecord | bytes) -> RequestRecord:
+    if type(payload) is bytes:
+        return reshare(unpack(payload, RequestRecord))
+    return payload  # type: ignore[return-value]
+
+
 def sample_key(req: RequestRecord) -> SampleKey:
     """The key the sample orders requests by: the larger, the earlier (start, then ids)."""
-    return _entry(req)[:3]
+    return (
+        -req.start_ns,
+        req.trace_id.encode().translate(_REVERSE) + b"\xff",
+        req.span_id.encode().translate(_REVERSE) + b"\xff",
+    )
 
 
 def _order(req: RequestRecord) -> tuple[int, str, str]:

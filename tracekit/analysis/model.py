@@ -30,7 +30,7 @@ from msgspec import Struct, field
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 
 
-class Event(Struct):
+class Event(Struct, array_like=True):
     """A span event (OTLP ``events[]``, Jaeger ``logs[]``)."""
 
     name: str
@@ -38,7 +38,7 @@ class Event(Struct):
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-class Span(Struct):
+class Span(Struct, array_like=True):
     """One span, whatever format it came from.
 
     Attributes:
@@ -73,7 +73,7 @@ class Span(Struct):
         return max(0, self.end_ns - self.start_ns) / 1e6
 
 
-class StageRecord(Struct):
+class StageRecord(Struct, array_like=True):
     """One tracekit stage span (or, for uninstrumented traces, one CLIENT/INTERNAL child).
 
     The ``*_ms`` components are the stage's own (exclusive) share of its wall time, read from
@@ -104,7 +104,7 @@ class StageRecord(Struct):
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-class RequestRecord(Struct):
+class RequestRecord(Struct, array_like=True):
     """One request: a SERVER span (or a root span) with its stages and other descendants.
 
     ``instrumented`` is true when the request span carries tracekit attributes; then the
