@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
+from tracekit.analysis._replay_arrivals import arrivals
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.analysis.findings import Fix
@@ -402,6 +403,68 @@ def test_a_plain_span_covering_the_stages_does_not_hold_the_latency() -> None:
     assert plain is not None and wrapped is not None, note
     assert wrapped == plain
     assert wrapped["p50_ms"][0] - wrapped["p50_ms"][1] > 55.0
+
+
+def test_every_recorded_loop_wait_ends_in_a_step_of_its_stage() -> None:
+    # A model call read in three steps under 1 ms (not recorded as slices), each of which
+    # waited for the loop (recorded): each must be a step of the replay, where the replay
+    # makes its own wait; the recorded waits are not delays.
+    model = stage("model", 10, 160, kind="model", cpu_ms=0.9, wait_ms=110,
+                  waits=[(100, 112), (120, 135), (140, 153)])  # fmt: skip
+    req = request(ROUTE, 0, 161, [model], cpu_ms=1.2)
+    program = ProgramBuilder(req, req.start_ns).program()
+    steps = [node for node in program if node[0] == LOOP]
+    # The request's first and last steps, the stage's first step and its 3 resumptions,
+    # each with a share of the stage's CPU.
+    assert len(steps) == 6
+    assert [n[1] for n in steps[1:5]] == pytest.approx([0.225] * 4)
+    total = sum(n[1] + n[2] if n[0] == LOOP else n[1] for n in program)
+    assert total == pytest.approx(161 - (12 + 15 + 13), abs=1e-6)
+
+
+def _gateway_like(clients: int, n: int, seed: int = 4) -> list:
+    """The example gateway's shape (examples/gateway.py): a sync tokenizer and a pure-Python
+    guardrail on the loop, then an httpx model call whose answer is read in short steps,
+    behind FastAPI's endpoint span (a plain span beside the stages, covering them)."""
+    rng = random.Random(seed)
+    kinds = {**KINDS, "tokenize": "tokenize", "serialize": "serialize"}
+    jobs = []
+    for _ in range(n):
+        reads = [op for _ in range(3) for op in (Op("wait", 1 + 2 * rng.random(), "model"),
+                                                Op("cpu", 0.3, "model"))]  # fmt: skip
+        ops = [
+            Op("cpu", 0.3),
+            Op("cpu", 0.7, "tokenize"),
+            Op("cpu", 6 + 4 * rng.random(), "guardrail"),
+            Op("cpu", 1.2, "model"),
+            Op("model", 100 + 40 * rng.random(), "model"),
+            Op("cpu", 0.3, "model"),
+            *reads,
+            Op("cpu", 0.05, "serialize"),
+        ]
+        jobs.append(Job(ROUTE, ops, kinds=kinds))
+    return _with_endpoint_span(simulate_gateway(jobs, clients=clients, think_ms=2.0))
+
+
+def test_a_saturated_loop_is_reproduced_at_every_short_step() -> None:
+    # 24 clients keep the loop ~90% busy: most of the latency is loop waits at the model
+    # call's short steps. Replayed with one step per stage (the waits taken out of the
+    # delays and never made again), p50 came out 31% short, p95 23%.
+    records = _gateway_like(clients=24, n=600)
+    waited = sum(w[1] - w[0] for r in records for s in r.stages for w in s.loop_waits)
+    assert waited / sum(r.end_ns - r.start_ns for r in records) > 0.3
+    # The loop never idles between a response and the client's next request, although the
+    # recorded slices leave gaps (steps under 1 ms): the recorded waits fill them, so the
+    # requests chain as the closed loop they are (read as open arrivals: p50 -15%).
+    plan = arrivals(records, records[0].start_ns, "auto", 2.0, 0.6)
+    assert len(plan.chains) > 0.9 * len(records)
+    result = Replayer(_config()).validate(records)
+    assert result.ok, result.reason
+    assert abs(result.p50_error) < 0.05 and abs(result.p95_error) < 0.05
+    fix = Fix("process", ROUTE, "guardrail")
+    projection, note = Replayer(_config()).project(records, fix)
+    assert projection is not None, note
+    assert projection["p50_ms"][1] < 0.7 * projection["p50_ms"][0]
 
 
 def test_a_fix_the_replay_cannot_apply_gets_a_note_not_a_projection() -> None:

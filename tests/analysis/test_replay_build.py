@@ -11,7 +11,7 @@ from tracekit.analysis._intervals import StageTree
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import ModelCall
 from tracekit.analysis._replay_memo import ProgramMemo
-from tracekit.analysis._replay_sim import DELAY
+from tracekit.analysis._replay_sim import DELAY, LOOP
 from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord
 
@@ -134,6 +134,47 @@ def test_a_plain_parent_of_stages_is_not_a_node_and_a_plain_leaf_is() -> None:
     # Without the instrumented stages the span is a plain subtree: it stays a node.
     plain = request(ROUTE, 0, 61, [outer, stage("x", 2, 20, parent=outer.span_id)])
     assert StageTree(plain).transparent == set() and StageTree(plain).kids(None) == [outer]
+
+
+def _example_gateway_request() -> RequestRecord:
+    """A non-streamed request of examples/gateway.py under load (concurrency 16), as recorded
+    (``make demo``; times in ms from the request's start)."""
+    model_waits = [(350.687, 495.194), (607.833, 719.915), (721.909, 723.549), (884.661, 885.728)]
+    stages = [
+        stage("fastapi.dependencies", 0.262, 0.339, namespace=None),
+        stage("fastapi.endpoint", 0.596, 889.118, namespace=None),
+        stage("tokenize", 0.66, 1.4, cpu_ms=0.701, wait_ms=0.038, max_block_ms=0.74),
+        stage("guardrail", 4.65, 50.897, kind="guardrail", cpu_ms=39.354, wait_ms=6.894,
+              max_block_ms=46.247, slices=[(4.65, 50.897)]),
+        stage("model", 50.948, 889.009, kind="model", cpu_ms=3.801, wait_ms=574.646,
+              loop_wait_ms=259.613, max_block_ms=1.374, slices=[(50.948, 52.322)],
+              waits=model_waits),
+        stage("serialize", 889.02, 889.07, cpu_ms=0.049, wait_ms=0.0, max_block_ms=0.049),
+    ]  # fmt: skip
+    return request(ROUTE, 0, 891.857, stages, cpu_ms=44.59, slices=[(0.019, 50.873)])
+
+
+def test_a_recorded_example_gateway_request_replays_step_by_step() -> None:
+    req = _example_gateway_request()
+    dependencies, endpoint = req.stages[:2]
+    tree = StageTree(req)
+    # FastAPI's endpoint span covers the stages; its dependencies span ran inside the
+    # request's first step: neither is a node.
+    assert tree.transparent == {dependencies.span_id, endpoint.span_id}
+    program = ProgramBuilder(req, 0).program()
+    delays = [n[1] for n in program if n[0] == DELAY]
+    assert max(delays) < 300  # no delay stands for the endpoint span (889 ms)
+    steps = [n for n in program if n[0] == LOOP]
+    # The first step holds the loop from the request's start to the guardrail's end: the
+    # request's own code, tokenize and the guardrail, in one step.
+    assert steps[1][1] + steps[1][2] == pytest.approx(50.897 - 0.019, abs=0.01)
+    # The model call's first step (a recorded slice), then one step at each of its 4
+    # recorded loop waits' ends, then serialize.
+    assert len(steps) == 1 + 1 + 1 + 4 + 1
+    waited = sum(b - a for a, b in [(350.687, 495.194), (607.833, 719.915),
+                                    (721.909, 723.549), (884.661, 885.728)])  # fmt: skip
+    total = sum(n[1] + n[2] if n[0] == LOOP else n[1] for n in program)
+    assert total == pytest.approx(891.857 - waited, abs=1e-6)
 
 
 def test_a_fix_reuses_the_nodes_it_does_not_touch() -> None:

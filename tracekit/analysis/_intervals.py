@@ -92,8 +92,11 @@ class StageTree:
     are stages). Its time belongs to the ledger it ran in (the request's or an enclosing
     stage's, whose slices and waits cover it), so its children move up to its parent and
     the stages it covers stay where they are. A plain span covers a stage when the stage is
-    its descendant, or a sibling lying within its interval. Plain spans that cover no stage
-    (an HTTP CLIENT call, a database query) stay nodes: recorded delays.
+    its descendant, or a sibling lying within its interval. A plain span that lies within a
+    recorded loop slice of its ledger (FastAPI's ``fastapi.dependencies``, a sync HTTP call
+    inside a sync stage) ran inside that step: it is not a node either, its time is the
+    step's. Other plain spans (an awaited HTTP CLIENT call, a database query) stay nodes:
+    recorded delays.
 
     Attributes:
         by_id: span id -> stage, every stage (transparent ones included).
@@ -133,21 +136,28 @@ class StageTree:
         for kids in self.children.values():
             kids.sort(key=_START_KEY)
         if plain and instrumented:
-            self._splice(plain, under_plain)
+            self._splice(plain, under_plain, req.loop_slices)
 
-    def _splice(self, plain: list[StageRecord], under_plain: bool) -> None:
+    def _splice(
+        self, plain: list[StageRecord], under_plain: bool, request_slices: list[Interval]
+    ) -> None:
         """Find the transparent plain spans and lift their children to their parents."""
         by_id, transparent = self.by_id, self.transparent
-        for p in plain:  # beside instrumented siblings that it covers
+        for p in plain:
             pid = p.parent_id
             kids = self.children.get(pid, ()) if pid is not None and pid in by_id else self.top
-            for k in kids:
+            for k in kids:  # beside instrumented siblings that it covers
                 if k.start_ns > p.end_ns:
                     break
                 if (k.start_ns >= p.start_ns and k.end_ns <= p.end_ns and k is not p
                         and has_components(k)):  # fmt: skip
                     transparent.add(p.span_id)
                     break
+            if p.span_id not in transparent:  # inside a step of its ledger
+                ledger = self._ledger(p)
+                slices = request_slices if ledger is None else ledger.loop_slices
+                if any(a <= p.start_ns and p.end_ns <= b for a, b in slices):
+                    transparent.add(p.span_id)
         if under_plain:  # above an instrumented stage
             for stage in self.by_id.values():
                 if not has_components(stage):
@@ -170,6 +180,15 @@ class StageTree:
         for span_id in transparent:
             self.children.pop(span_id, None)
         self._parent = parents
+
+    def _ledger(self, stage: StageRecord) -> StageRecord | None:
+        """The nearest instrumented ancestor of ``stage`` (``None``: the request's)."""
+        node = self.by_id.get(stage.parent_id or "")
+        seen: set[str] = set()
+        while node is not None and not has_components(node) and node.span_id not in seen:
+            seen.add(node.span_id)
+            node = self.by_id.get(node.parent_id or "")
+        return node if node is not None and has_components(node) else None
 
     def _lift(
         self,

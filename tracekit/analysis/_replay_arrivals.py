@@ -8,7 +8,8 @@ actually preceded in the queue. Two estimates of the real ready time:
 - **Closed-loop clients** (a load generator's client sends its next request when the
   previous response ends): a request is chained to the one whose end it followed when the
   loop was idle for at most ``gap_ms`` in between (the rest of the gap, the loop was busy
-  running other requests' recorded slices: the new request was waiting for it). In the
+  running other requests' recorded slices, or other requests were recorded waiting for it:
+  the new request was waiting for it too). In the
   replay the successor becomes ready that idle time after its predecessor *simulated* end,
   capped at the 10th percentile of all chains' idle times: a client's think time is about
   constant, and steps under 1 ms (not recorded) make the loop look idle when it was not.
@@ -39,24 +40,32 @@ _RUN_GAP_NS = 1_000_000  # busy slices closer than this form one busy run (as in
 
 
 class BusyIndex:
-    """The recorded busy time of one event loop: the union of its requests' loop slices.
+    """The recorded busy time of one event loop.
+
+    Two readings: ``busy`` is the union of its requests' loop slices *and* loop waits (while
+    a request waited for the loop, the loop was running someone else, if only in steps too
+    short to be recorded); ``runs`` are the recorded slices joined across gaps under 1 ms, the
+    core's loop-wait estimator's busy runs.
 
     Args:
         group: the requests served by that loop.
     """
 
     def __init__(self, group: list[RequestRecord]) -> None:
-        slices = [
-            s
-            for r in group
-            for s in (*r.loop_slices, *(x for st in r.stages for x in st.loop_slices))
-        ]
-        self.busy = merge(slices)
+        slices: list[Interval] = []
+        waits: list[Interval] = []
+        for r in group:
+            slices += r.loop_slices
+            waits += r.loop_waits
+            for st in r.stages:
+                slices += st.loop_slices
+                waits += st.loop_waits
+        self.busy = merge([*slices, *waits])
         self._starts = [a for a, _ in self.busy]
         self._cum = [0]
         for a, b in self.busy:
             self._cum.append(self._cum[-1] + (b - a))
-        self.runs = _join(self.busy, _RUN_GAP_NS)
+        self.runs = _join(merge(slices), _RUN_GAP_NS)
         self._run_starts = [a for a, _ in self.runs]
 
     def covered(self, start: int, end: int) -> int:

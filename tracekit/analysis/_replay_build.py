@@ -5,8 +5,10 @@ is a run of child stages whose intervals overlap (stages run by ``asyncio.gather
 streaming model stage with the consumer's code inside it), a gap is the time between them,
 where the node's own code ran. In a gap, the node's own loop slices (its recorded
 ``loop_slices`` minus its descendants' slices) become :data:`LOOP` nodes at their recorded
-places and the rest becomes :data:`DELAY`, less the node's recorded loop waits: those are not
-replayed, the replay produces its own. A cluster of one child is that child's program; a
+places, and so does the end of every recorded loop wait (a wait for the loop ends when a step
+of the waiting code begins; most such steps are too short to be recorded as slices); the rest
+becomes :data:`DELAY`, less the recorded loop waits: those are not replayed, the replay
+produces its own at those steps. A cluster of one child is that child's program; a
 cluster of several becomes a :data:`PAR` of chains (greedy interval partitioning), each chain
 keeping its members' recorded offsets as delays.
 
@@ -14,9 +16,10 @@ A slice's CPU and its blocking part: when a node's slices add up to more than it
 slice holds the GIL for its share ``cpu / slices`` and holds the loop without CPU for the
 rest (a blocking call, or a loop thread waiting for the GIL). CPU not covered by recorded
 slices (slices under 1 ms are not recorded) is spread over the node's gaps in proportion to
-their length. Stages that ran on a worker thread (``on_loop`` false) replay as a thread-pool
-slot held for their recorded duration: their effect on the loop (GIL contention) is already
-in the loop slices recorded beside them. Spans without tracekit attributes are containers
+their free time, and within a gap in equal shares over its first step and its resumptions.
+Stages that ran on a worker thread (``on_loop`` false) replay as a thread-pool slot held for
+their recorded duration: their effect on the loop (GIL contention) is already in the loop
+slices recorded beside them. Spans without tracekit attributes are containers
 whose own time is a delay, unless they cover stages: then they are not nodes at all
 (:class:`~tracekit.analysis._intervals.StageTree`).
 
@@ -43,12 +46,14 @@ from tracekit.analysis._replay_fixes import (
 )
 from tracekit.analysis._replay_memo import ROOT, Block, Plan, ProgramMemo, touched_nodes
 from tracekit.analysis._replay_nodes import (
+    FOLLOW_NS,
     MS,
     TINY_MS,
     absorb,
     clusters,
     consumer_ms,
     free_ms,
+    gap_resumptions,
     gaps,
     hold_largest_delay,
     merge_loops,
@@ -162,7 +167,8 @@ class ProgramBuilder:
     ) -> Plan:
         end = max(end, start)
         kids = [k for k in self.tree.kids(stage) if k.start_ns < end and k.end_ns > start]
-        if not kids and not slices and not (max_block_ms and max_block_ms > cpu_ms):
+        blocking = bool(max_block_ms and max_block_ms > cpu_ms)
+        if not kids and not slices and not blocking and not _waits_in(waits, start, end):
             # A leaf with no recorded slices (the common case): its CPU, then its waits.
             leaf = absorb(self._leaf(start, end, cpu_ms, waits, targeted), consumer)
             return Plan([], consumer, leaf)
@@ -257,8 +263,8 @@ class ProgramBuilder:
         items: list[Node] = []
         if cpu_ms > 0:
             items.append(loop_node(self.fix, cpu_ms, 0.0, targeted))
-        if end > start:
-            items.append((DELAY, delay))
+        if delay >= TINY_MS or not items:
+            items.append((DELAY, delay))  # else the code goes on in the same step
         return items
 
     def _gap(
@@ -271,29 +277,47 @@ class ProgramBuilder:
         extra_cpu: float,
         targeted: bool,
     ) -> list[Node]:
+        """The node's own code in [a, b]: its recorded slices at their places, a step at
+        every recorded loop wait's end (the replay makes its own wait there), delays between.
+        ``extra_cpu`` (CPU of unrecorded steps) goes in equal shares to the gap's first step
+        and its resumptions; its time comes out of the delays."""
+        resumed = gap_resumptions(a, b, pieces, waits)
         items: list[Node] = []
         delays: list[int] = []  # indexes of DELAY items, to absorb the extra CPU
+        steps: list[int] = []  # indexes of the resumptions' steps
         cursor = a
-        for p_start, p_end in sorted(pieces):
+        for p_start, p_end in sorted([*pieces, *((t, t) for t in resumed)]):
             if p_start > cursor:
                 items.append((DELAY, free_ms(cursor, p_start, waits)))
                 delays.append(len(items) - 1)
+            if p_end == p_start:
+                steps.append(len(items))
+                items.append((LOOP, 0.0, 0.0))
+                cursor = max(cursor, p_start)
+                continue
             held = (p_end - p_start) / MS
             items.append(loop_node(self.fix, held * gil_share, held * (1 - gil_share), targeted))
             cursor = max(cursor, p_end)
         if b > cursor:
             items.append((DELAY, free_ms(cursor, b, waits)))
             delays.append(len(items) - 1)
-        if extra_cpu > TINY_MS:
-            # The unrecorded CPU happened in this gap: take its time out of the delays.
-            room = sum(items[i][1] for i in delays)
-            extra_cpu = min(extra_cpu, room)
-            left = extra_cpu
-            for i in sorted(delays, key=lambda i: -items[i][1]):
-                take = min(left, items[i][1])
-                items[i] = (DELAY, items[i][1] - take)
-                left -= take
-            items.insert(0, loop_node(self.fix, extra_cpu, 0.0, targeted))
+        # The unrecorded CPU ran in this gap: its time comes out of the delays.
+        extra_cpu = min(extra_cpu, sum(items[i][1] for i in delays))
+        if extra_cpu <= TINY_MS:
+            return items
+        # The gap's first step gets a share, unless it is a resumption or a recorded slice.
+        begins = resumed[:1] + [p[0] for p in pieces]
+        first = not steps or all(t - a >= FOLLOW_NS for t in begins)
+        per = extra_cpu / (len(steps) + first)
+        left = extra_cpu
+        for i in sorted(delays, key=lambda i: -items[i][1]):
+            take = min(left, items[i][1])
+            items[i] = (DELAY, items[i][1] - take)
+            left -= take
+        for i in steps:
+            items[i] = loop_node(self.fix, per, 0.0, targeted)
+        if first:
+            items.insert(0, loop_node(self.fix, per, 0.0, targeted))
         return items
 
     def _cluster(
@@ -365,6 +389,10 @@ class ProgramBuilder:
         if call.wrap_stage:
             return [(HOLD, call.key, shrink_largest_delay(items, call.queue_in_ms))]
         return hold_largest_delay(items, call.key, call.queue_in_ms)
+
+
+def _waits_in(waits: list[Interval], start: int, end: int) -> bool:
+    return any(start <= b < end for _, b in waits)
 
 
 def _flat(blocks: Blocks) -> list[Node]:

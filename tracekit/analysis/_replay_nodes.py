@@ -17,7 +17,7 @@ from tracekit.analysis.model import StageRecord
 
 MS = 1e6
 TINY_MS = 0.001  # pieces and delays shorter than a microsecond are noise
-_FOLLOW_NS = 50_000  # a recorded slice starting this soon after a loop wait is its resumption
+FOLLOW_NS = 50_000  # a recorded slice starting this soon after a loop wait is its resumption
 
 #: (start, end, member stages) of a run of overlapping child stages.
 Cluster = tuple[int, int, list[StageRecord]]
@@ -78,9 +78,25 @@ def resumptions(
         for _, resumed in waits:
             if a < resumed < b:
                 i = bisect_left(starts, resumed)
-                if i < len(starts) and starts[i] - resumed < _FOLLOW_NS:
+                if i < len(starts) and starts[i] - resumed < FOLLOW_NS:
                     continue  # a recorded slice is that resumption
                 out.append((resumed, 0.0))
+    return out
+
+
+def gap_resumptions(a: int, b: int, pieces: list[Interval], waits: list[Interval]) -> list[int]:
+    """Where the node's code resumed in the gap [a, b) in a step too short to be recorded:
+    the ends of its recorded loop waits there (a loop wait ends when a step of the waiting
+    code begins) that no recorded slice follows. A wait ending as the gap ends is the next
+    child's first step, not one of the node's."""
+    starts = sorted(p[0] for p in pieces)
+    out: list[int] = []
+    for _, resumed in waits:
+        if a <= resumed < b - FOLLOW_NS:
+            i = bisect_left(starts, resumed)
+            if i < len(starts) and starts[i] - resumed < FOLLOW_NS:
+                continue
+            out.append(resumed)
     return out
 
 
