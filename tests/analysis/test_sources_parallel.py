@@ -159,6 +159,15 @@ def test_malformed_spans_are_skipped_and_named_as_in_one_pass(tmp_path: Path) ->
     same(path, SMALL, workers=3)
 
 
+def test_a_byte_order_mark_blank_lines_and_no_final_newline(tmp_path: Path) -> None:
+    path = messy_file(tmp_path / "m.jsonl", 13)
+    lines = path.read_bytes().splitlines()
+    for i in (5, len(lines) // 3, len(lines) // 2):
+        lines.insert(i, b"   \r")
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines))
+    same(path, SMALL, workers=4)
+
+
 def test_a_bad_line_fails_with_the_message_of_one_pass(tmp_path: Path) -> None:
     path = messy_file(tmp_path / "m.jsonl", 12)
     lines = path.read_bytes().splitlines()

@@ -127,7 +127,7 @@ def plan_file(
     followed by more) large enough for two ranges is split; anything else, including every
     error, is left to the single pass, which reports it as it always does.
     """
-    if workers < 2:
+    if workers < 2 or os.name != "posix":  # workers inherit descriptors: POSIX only
         return None
     if min_range_bytes is None:
         min_range_bytes = MIN_RANGE_BYTES
@@ -213,17 +213,22 @@ def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
         for _, child in pairs:
             child.close()
     connections = [Connection(parent.detach()) for parent, _ in pairs]
+    done = False
     try:
         for k, connection in enumerate(connections):
             connection.send((plan, k, settings))
-        return _collect(settings, connections)
+        merged = _collect(settings, connections)
+        done = True
+        return merged
     finally:
         for connection in connections:
             connection.close()
         for process in processes:
+            if not done:  # an error or an interrupt: the workers' results are not wanted
+                process.kill()
             try:
                 process.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - only after an error elsewhere
+            except subprocess.TimeoutExpired:  # pragma: no cover - a worker stuck on exit
                 process.kill()
                 process.wait()
 
