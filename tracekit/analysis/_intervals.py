@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from tracekit import semconv
 from tracekit.analysis.model import RequestRecord, StageRecord
@@ -63,11 +63,13 @@ def subtract(intervals: Iterable[Interval], cover: Sequence[Interval]) -> list[I
 
 
 def overlap(start: int, end: int, cover: Sequence[Interval]) -> int:
-    """Length of ``[start, end]`` covered by ``cover`` (sorted and disjoint)."""
+    """Length of ``[start, end]`` covered by ``cover`` (sorted and disjoint).
+
+    Cost: O(log len(cover) + intervals within [start, end]).
+    """
     if end <= start or not cover:
         return 0
-    starts = [c[0] for c in cover]
-    i = max(0, bisect_right(starts, start) - 1)
+    i = max(0, bisect_right(cover, start, key=_FIRST) - 1)
     total = 0
     while i < len(cover) and cover[i][0] < end:
         lo, hi = max(start, cover[i][0]), min(end, cover[i][1])
@@ -262,6 +264,7 @@ def is_generator(stage: StageRecord) -> bool:
 
 
 _START_KEY = attrgetter("start_ns", "span_id")
+_FIRST = itemgetter(0)
 
 
 def function_of(stage: StageRecord | None) -> str | None:

@@ -286,7 +286,8 @@ class ProgramBuilder:
         delays: list[int] = []  # indexes of DELAY items, to absorb the extra CPU
         steps: list[int] = []  # indexes of the resumptions' steps
         cursor = a
-        for p_start, p_end in sorted([*pieces, *((t, t) for t in resumed)]):
+        events = sorted([*pieces, *((t, t) for t in resumed)] if resumed else pieces)
+        for p_start, p_end in events:
             if p_start > cursor:
                 items.append((DELAY, free_ms(cursor, p_start, waits)))
                 delays.append(len(items) - 1)

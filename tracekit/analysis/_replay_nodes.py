@@ -9,6 +9,7 @@ parts are shared between replays (``_replay_build.ProgramMemo``).
 from __future__ import annotations
 
 from bisect import bisect_left
+from operator import itemgetter
 
 from tracekit import semconv
 from tracekit.analysis._intervals import Interval, has_components, overlap
@@ -18,6 +19,8 @@ from tracekit.analysis.model import StageRecord
 MS = 1e6
 TINY_MS = 0.001  # pieces and delays shorter than a microsecond are noise
 FOLLOW_NS = 50_000  # a recorded slice starting this soon after a loop wait is its resumption
+
+_END = itemgetter(1)
 
 #: (start, end, member stages) of a run of overlapping child stages.
 Cluster = tuple[int, int, list[StageRecord]]
@@ -88,15 +91,27 @@ def gap_resumptions(a: int, b: int, pieces: list[Interval], waits: list[Interval
     """Where the node's code resumed in the gap [a, b) in a step too short to be recorded:
     the ends of its recorded loop waits there (a loop wait ends when a step of the waiting
     code begins) that no recorded slice follows. A wait ending as the gap ends is the next
-    child's first step, not one of the node's."""
-    starts = sorted(p[0] for p in pieces)
+    child's first step, not one of the node's.
+
+    Args:
+        a / b: the gap.
+        pieces: the node's slices in the gap, sorted.
+        waits: the node's loop waits, merged (sorted and disjoint: their ends are sorted).
+
+    Cost: O(log waits + resumptions x log pieces).
+    """
+    i = bisect_left(waits, a, key=_END) if waits else 0
     out: list[int] = []
-    for _, resumed in waits:
-        if a <= resumed < b - FOLLOW_NS:
-            i = bisect_left(starts, resumed)
-            if i < len(starts) and starts[i] - resumed < FOLLOW_NS:
-                continue
-            out.append(resumed)
+    starts: list[int] | None = None
+    while i < len(waits) and waits[i][1] < b - FOLLOW_NS:
+        resumed = waits[i][1]
+        i += 1
+        if starts is None:
+            starts = [p[0] for p in pieces]
+        j = bisect_left(starts, resumed)
+        if j < len(starts) and starts[j] - resumed < FOLLOW_NS:
+            continue  # a recorded slice is that resumption
+        out.append(resumed)
     return out
 
 
