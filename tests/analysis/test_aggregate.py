@@ -233,3 +233,20 @@ def test_the_sample_can_travel_apart_from_the_statistics() -> None:
         merged.merge(half, sample=False)
         merged.adopt_sample(kept)
     assert summary(merged) == summary(aggregate(requests))
+
+
+def test_the_route_breakdown_is_the_mean_of_the_requests_breakdowns() -> None:
+    requests = [r for r in random_requests(5, 2_000) if r.route == ROUTE]
+    for i, req in enumerate(requests):  # the request-level components too, now and then
+        req.model_wait_ms = 7.0 if i % 3 == 0 else None
+        req.io_wait_ms = 2.5 if i % 4 == 0 else None
+        req.instrumented = i % 10 != 0
+    agg = Aggregator()
+    for req in requests:
+        agg.add(req)
+    parts = [p for p in map(breakdown, requests) if p is not None]
+    (route,) = [r for r in agg.routes() if r["route"] == ROUTE]
+    for i, key in enumerate(("cpu_on_loop", "cpu_off_loop", "model_wait", "io_wait", "loop_wait")):
+        # Fixed point: within 2**-32 ms of the float mean.
+        mean = sum(p[i] for p in parts) / len(parts)
+        assert route["breakdown_ms"][key] == pytest.approx(mean, rel=0, abs=2**-31)

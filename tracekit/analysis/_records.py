@@ -316,6 +316,13 @@ def decode_pairs(value: Any, base_ns: int) -> list[tuple[int, int]]:
     Returns:
         At most 64 intervals; pairs with a non-integer or negative member are skipped.
     """
+    if type(value) is list and len(value) == 2:
+        # The common case: one slice, as a list of two integers.
+        offset, duration = value
+        if type(offset) is int and type(duration) is int and offset >= 0 and duration >= 0:
+            start = base_ns + offset * 1000
+            return [(start, start + duration * 1000)]
+        return []
     if isinstance(value, str) and value.startswith("["):
         try:
             value = orjson.loads(value)

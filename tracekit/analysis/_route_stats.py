@@ -247,16 +247,43 @@ class RouteStats:
         if req.error:
             self.errors += 1
         stages = self.stages
+        instrumented = req.instrumented
+        # The breakdown() of the request, computed in the same loop (same sums, same order).
+        on = off = stage_cpu = model = io = loop = 0.0
         for stage in req.stages:
             stats = stages.get(stage.name) or self._stage(stage)
-            stats.rows.append(_STAGE_ROW(stage))
+            row = _STAGE_ROW(stage)
+            stats.rows.append(row)
             if start <= stats.first_start:
                 i = req.stages.index(stage)
                 if start < stats.first_start or i < stats.first_index:
                     stats.first_start = start
                     stats.first_index = i
-        if req.instrumented:
-            on, off, model, io, loop = breakdown(req)  # type: ignore[misc]
+            if instrumented:
+                cpu = row[1]
+                if cpu is not None:
+                    stage_cpu += cpu
+                    if row[4] is False:
+                        off += cpu
+                    else:
+                        on += cpu
+                wait = row[2]
+                if wait is not None:
+                    if stage.kind == semconv.KIND_MODEL:
+                        model += wait
+                    else:
+                        io += wait
+                if row[3] is not None:
+                    loop += row[3]
+        if instrumented:
+            if req.cpu_ms is not None:
+                on += max(0.0, req.cpu_ms - stage_cpu)
+            if req.model_wait_ms is not None:
+                model = req.model_wait_ms
+            if req.io_wait_ms is not None:
+                io = req.io_wait_ms
+            if req.loop_wait_ms is not None:
+                loop = req.loop_wait_ms
             self.instrumented += 1
             sums = self.sums
             if max(on, off, model, io, loop) < _FIXED_LIMIT:
