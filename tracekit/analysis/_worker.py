@@ -59,6 +59,10 @@ def _work(
     handed_on = False
     try:
         worker.read()
+        if following is None:
+            # The file ends with this range: its own traces are flushed now, which frees the
+            # window before the neighbour's state arrives (they never meet the set-aside ones).
+            worker.finish(worker.window)
         try:
             state = previous.recv_bytes() if previous is not None else pack(([], {}))
         except EOFError:
@@ -72,7 +76,7 @@ def _work(
             with contextlib.suppress(OSError):
                 following.send_bytes(pack(worker.end_state()))
         else:
-            worker.finish()
+            worker.finish(worker.sim)
         kept = worker.aggregator.take_sample()
         parent.send(("ok", worker.partial([key for key, _ in kept])))
         cutoff = parent.recv()
@@ -207,11 +211,10 @@ class _Worker:
             flushed[trace_id] = max(at, flushed.get(trace_id, at))
         return groups + more_groups, flushed
 
-    def finish(self) -> None:
-        """The file ends here: flush everything."""
-        for window in (self.window, self.sim):
-            for req in window.finish():
-                self._add(req)
+    def finish(self, window: Window) -> None:
+        """The file ends here: flush every trace ``window`` holds."""
+        for req in window.finish():
+            self._add(req)
 
     def partial(self, sample_keys: list[Any]) -> Partial:
         return Partial(

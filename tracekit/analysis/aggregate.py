@@ -125,7 +125,7 @@ class Aggregator:
     def _entry(self, req: RequestRecord) -> _Entry:
         payload: RequestRecord | bytes = compact(req)
         if self.pack_sample:
-            payload = pack(payload)
+            payload = pack(payload, squeeze=True)
         return (*sample_key(req), id(payload), payload)
 
     def _slower(self, req: RequestRecord, wall: int) -> None:
