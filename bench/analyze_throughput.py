@@ -370,14 +370,16 @@ difference can come out slightly off):
    - aggregation does not depend on the order of requests (percentiles from exact values or
      order-free histograms, breakdown sums in exact fixed point, ties broken by ids), and
      merges exactly;
-   - the sample: each worker keeps its earliest 20,000 requests packed (msgpack), sends the
-     keys, and the parent asks for those within the overall earliest 20,000 only.
+   - the sample: each worker keeps its earliest 20,000 requests packed and compressed
+     (msgpack, zlib), sends their keys, and the parent asks for those within the overall
+     earliest 20,000 only.
    Smaller files, gzip, Jaeger JSON, a Jaeger query and in-memory spans are read in one
    process; `TRACEKIT_ANALYZE_WORKERS` sets the number of workers (1: one process).
 3. **Less Python per span.** Model records are msgspec Structs (constructed in C); the
    aggregation buffers rows and folds them into the percentile structures in batches of C
    calls; reading and assembling alternate in runs of 4,096 spans rather than line by
-   line; the cyclic garbage collector is paused during the pipeline.
+   line; a worker reads its range through a 4 MB buffer (whole ~500 kB lines per read); the
+   cyclic garbage collector is paused during the pipeline.
 4. **Memory stays bounded** (DESIGN §6): per process, at most the open traces (a window of
    10,000 spans after their roots), per route and stage counters and percentile structures
    (exact up to 2,048 values, then a 1% log histogram), and a sample of the 20,000 earliest
