@@ -370,9 +370,8 @@ difference can come out slightly off):
    - aggregation does not depend on the order of requests (percentiles from exact values or
      order-free histograms, breakdown sums in exact fixed point, ties broken by ids), and
      merges exactly;
-   - the sample: each worker keeps its earliest 20,000 requests packed and compressed
-     (msgpack, zlib), sends their keys, and the parent asks for those within the overall
-     earliest 20,000 only.
+   - the sample: each worker keeps its earliest 20,000 requests packed (msgpack), sends their
+     keys, and the parent asks for those within the overall earliest 20,000 only.
    Smaller files, gzip, Jaeger JSON, a Jaeger query and in-memory spans are read in one
    process; `TRACEKIT_ANALYZE_WORKERS` sets the number of workers (1: one process).
 3. **Less Python per span.** Model records are msgspec Structs (constructed in C); the

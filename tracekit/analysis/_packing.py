@@ -11,7 +11,6 @@ Cost: a few microseconds per request record each way.
 from __future__ import annotations
 
 import pickle
-import zlib
 from typing import Any, TypeVar
 
 import msgspec
@@ -23,32 +22,22 @@ __all__ = ["pack", "unpack"]
 T = TypeVar("T")
 _MSGPACK = b"m"
 _PICKLE = b"p"
-_SQUEEZED = b"z"  # zlib of a packed form: for what is kept long (a worker's sample)
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {
     RequestRecord: msgspec.msgpack.Decoder(RequestRecord)
 }
 
 
-def pack(obj: Any, *, squeeze: bool = False) -> bytes:
-    """``obj`` (model Structs, dataclasses, plain data) as bytes for :func:`unpack`.
-
-    Args:
-        obj: what to pack.
-        squeeze: also compress (zlib, fastest level): a third of the size for a request
-            record, for ~10 µs more.
-    """
+def pack(obj: Any) -> bytes:
+    """``obj`` (model Structs, dataclasses, plain data) as bytes for :func:`unpack`."""
     try:
-        data = _MSGPACK + _ENCODER.encode(obj)
+        return _MSGPACK + _ENCODER.encode(obj)
     except (msgspec.EncodeError, OverflowError, TypeError):
-        data = _PICKLE + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _SQUEEZED + zlib.compress(data, 1) if squeeze else data
+        return _PICKLE + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def unpack(data: bytes, kind: type[T] | Any) -> T:
     """The object :func:`pack` packed, typed as ``kind`` (e.g. ``list[Span]``)."""
-    if data[:1] == _SQUEEZED:
-        data = zlib.decompress(memoryview(data)[1:])
     if data[:1] == _PICKLE:
         loaded: T = pickle.loads(data[1:])
         return loaded

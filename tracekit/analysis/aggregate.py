@@ -125,7 +125,7 @@ class Aggregator:
     def _entry(self, req: RequestRecord) -> _Entry:
         payload: RequestRecord | bytes = compact(req)
         if self.pack_sample:
-            payload = pack(payload, squeeze=True)
+            payload = pack(payload)
         return (*sample_key(req), id(payload), payload)
 
     def _slower(self, req: RequestRecord, wall: int) -> None:
