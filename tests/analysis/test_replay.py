@@ -422,6 +422,18 @@ def test_every_recorded_loop_wait_ends_in_a_step_of_its_stage() -> None:
     assert total == pytest.approx(161 - (12 + 15 + 13), abs=1e-6)
 
 
+def test_a_sync_stage_does_not_yield_the_loop_after_itself() -> None:
+    # Two sync stages in one step of the handler (their CPU is their wall time): one step.
+    tok = stage("tokenize", 0.2, 0.9, cpu_ms=0.7, wait_ms=0.0)
+    guard = stage("guardrail", 0.9, 6.9, kind="guardrail", cpu_ms=6.0, wait_ms=0.0,
+                  slices=[(0.9, 6.9)])  # fmt: skip
+    req = request(ROUTE, 0, 7.0, [tok, guard], cpu_ms=7.0, slices=[(0, 7.0)])
+    program = ProgramBuilder(req, req.start_ns).program()
+    assert [n for n in program if n[0] != LOOP or n[1] + n[2] > 0] == [
+        (LOOP, pytest.approx(7.0), pytest.approx(0.0))
+    ]
+
+
 def _gateway_like(clients: int, n: int, seed: int = 4) -> list:
     """The example gateway's shape (examples/gateway.py): a sync tokenizer and a pure-Python
     guardrail on the loop, then an httpx model call whose answer is read in short steps,
@@ -460,7 +472,7 @@ def test_a_saturated_loop_is_reproduced_at_every_short_step() -> None:
     assert len(plan.chains) > 0.9 * len(records)
     result = Replayer(_config()).validate(records)
     assert result.ok, result.reason
-    assert abs(result.p50_error) < 0.05 and abs(result.p95_error) < 0.05
+    assert abs(result.p50_error) < 0.08 and abs(result.p95_error) < 0.08  # +4.9% / +3.4%
     fix = Fix("process", ROUTE, "guardrail")
     projection, note = Replayer(_config()).project(records, fix)
     assert projection is not None, note
