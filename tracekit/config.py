@@ -158,10 +158,14 @@ def _otlp_exporter(name: str) -> Any:
 
 
 def _env_exporter() -> str:
-    value = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    value = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip()
+    name, colon, path = value.partition(":")
+    name = name.strip().lower()  # the name is case-insensitive; a jsonl path is not
     known = {"otlp", "otlp-http", "otlp-grpc", "console", "memory", "none"}
-    if value in known or value.startswith("jsonl:"):
-        return value
+    if name in known and not colon:
+        return name
+    if name == "jsonl" and path:
+        return f"jsonl:{path}"
     logger.warning("tracekit: OTEL_TRACES_EXPORTER=%r is not supported; using otlp", value)
     return "otlp"
 

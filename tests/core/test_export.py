@@ -171,6 +171,18 @@ def test_otlp_grpc_export(otel_globals: None, monkeypatch: pytest.MonkeyPatch) -
         server.stop(0)
 
 
+def test_jsonl_path_from_the_environment_keeps_its_case(tmp_path: Any, otel_globals: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "Traces" / "Run-A.jsonl"
+    path.parent.mkdir()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", f"JSONL:{path}")
+    tracekit.configure(service_name="gw")
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+    assert _runtime.current is not None
+    _runtime.current.flush()
+    assert len(path.read_text().splitlines()) >= 1
+
+
 def test_jsonl_exporter_writes_otlp_json_lines(tmp_path: Any, otel_globals: None) -> None:
     path = tmp_path / "traces.jsonl"
     tracekit.configure(service_name="gw", exporter=f"jsonl:{path}")
