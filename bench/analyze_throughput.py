@@ -10,10 +10,10 @@ Method (written into ``docs/performance-analyzer.md`` with the results):
    and all its descendants, sampled from ``/proc`` every 50 ms, next to the largest single
    process (``ru_maxrss``). Each command runs ``--repeat`` times and the fastest run is
    reported (the machine is shared: slower runs are disturbed ones), all runs alongside.
-3. Six commands, to show where the time goes: ``parse`` (``orjson.loads`` of every line:
-   the generic reader's floor), ``decode`` (msgspec's typed decoding of every line: the fast
-   reader's floor), ``read`` (``read_spans``: decoding plus building every ``Span``),
-   ``pipeline`` (one process: reader, assembly, aggregation), ``analyze-1`` (the whole
+3. Four commands: ``parse`` (``orjson.loads`` of every line: what the generic reader starts
+   from); ``phases`` (one process that times, in CPU, msgspec's typed decoding of every line,
+   ``read_spans``, then reader + assembly + aggregation, then the report: where the time
+   goes, without differences between separate runs); ``analyze-1`` (the whole
    ``tracekit analyze FILE --format json -o OUT`` in one process) and ``analyze`` (the same
    command as users run it: one worker process per CPU).
 
@@ -55,30 +55,32 @@ with open(sys.argv[1], "rb") as f:
         if line.strip():
             orjson.loads(line)
 """
-DECODE = """
-import sys
+PHASES = """
+import gc, json, sys, time
 from tracekit.analysis._otlp_typed import _DECODER
-with open(sys.argv[1], "rb") as f:
+from tracekit.analysis.aggregate import Aggregator
+from tracekit.analysis.assemble import assemble
+from tracekit.analysis.report import build_report
+from tracekit.analysis.sources import read_spans
+gc.disable()  # as analyze() does
+path = sys.argv[1]
+clock = [time.process_time()]
+with open(path, "rb") as f:
     for line in f:
         if line.strip():
             _DECODER.decode(line)
-"""
-READ = """
-import sys
-from tracekit.analysis.sources import read_spans
-for _ in read_spans(sys.argv[1]):
+clock.append(time.process_time())
+for _ in read_spans(path):
     pass
-"""
-PIPELINE = """
-import gc, sys
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.assemble import assemble
-from tracekit.analysis.sources import read_spans
-gc.disable()  # as analyze() does
+clock.append(time.process_time())
 agg = Aggregator()
-for request in assemble(read_spans(sys.argv[1])):
+stream = read_spans(path)
+for request in assemble(stream):
     agg.add(request)
-agg.routes()
+clock.append(time.process_time())
+build_report(agg, source=path, spans=0, services=[]).to_json()
+clock.append(time.process_time())
+print(json.dumps([b - a for a, b in zip(clock, clock[1:])]))
 """
 
 
@@ -90,6 +92,7 @@ class Run:
     cpu_s: float
     rss_mb: float  # peak of the sum over the process tree, sampled
     largest_mb: float  # the largest single process (ru_maxrss)
+    output: str = ""  # what the child printed
 
 
 class TreeRss:
@@ -144,22 +147,21 @@ def measure(argv: list[str], env: dict[str, str] | None = None) -> Run:
         RuntimeError: the child failed.
     """
     start = time.perf_counter()
-    child = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )
-    sampler = TreeRss(child.pid)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    rss_mb = sampler.stop()
-    stderr = child.stderr.read().decode() if child.stderr else ""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(
+            argv, cwd=ROOT, stdout=out, stderr=err, env={**os.environ, **(env or {})}
+        )
+        sampler = TreeRss(child.pid)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        rss_mb = sampler.stop()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{argv[:4]} failed: {stderr.strip()}")
     largest = usage.ru_maxrss / 1024  # Linux reports KiB: the child or its largest worker
-    return Run(wall, usage.ru_utime + usage.ru_stime, max(rss_mb, largest), largest)
+    return Run(wall, usage.ru_utime + usage.ru_stime, max(rss_mb, largest), largest, stdout)
 
 
 def best(argv: list[str], repeat: int, env: dict[str, str] | None = None) -> tuple[Run, list[Run]]:
@@ -210,9 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     analyze = [py, "-m", "tracekit", "analyze", str(traces), "--format", "json", "-o", str(out)]
     commands: dict[str, tuple[list[str], dict[str, str] | None]] = {
         "parse": ([py, "-c", PARSE, str(traces)], None),
-        "decode": ([py, "-c", DECODE, str(traces)], None),
-        "read": ([py, "-c", READ, str(traces)], None),
-        "pipeline": ([py, "-c", PIPELINE, str(traces)], None),
+        "phases": ([py, "-c", PHASES, str(traces)], None),
         "analyze-1": (analyze, {"TRACEKIT_ANALYZE_WORKERS": "1"}),
         "analyze": (analyze, None),
     }
@@ -237,6 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def phase_times(output: str) -> tuple[float, float, float, float]:
+    """The ``phases`` child's four CPU times: decode, read, pipeline, report."""
+    import json
+
+    decode, read, pipeline, report = json.loads(output.strip().splitlines()[-1])
+    return decode, read, pipeline, report
+
+
 def render(
     n_spans: int,
     size_mb: float,
@@ -257,14 +265,12 @@ def render(
     rate = n_spans / top.wall_s
     verdict_rate = "meets" if rate >= TARGET_SPANS_PER_S else "misses"
     verdict_rss = "meets" if top.rss_mb <= TARGET_RSS_MB else "misses"
-    cpu = {name: run.cpu_s for name, (run, _) in results.items()}
-    parts = {  # CPU per span, from the differences between the one-process commands
-        "decoding JSON (msgspec, typed)": cpu["decode"],
-        "building spans (the reader's Python)": cpu["read"] - cpu["decode"],
-        "assembly and aggregation": cpu["pipeline"] - cpu["read"],
-        "rules, replay, projections, output (20,000-request sample)": (
-            cpu["analyze-1"] - cpu["pipeline"]
-        ),
+    decode_s, read_s, pipeline_s, report_s = phase_times(results["phases"][0].output)
+    parts = {  # CPU of one process, phase by phase (one run)
+        "decoding JSON (msgspec, typed)": decode_s,
+        "building spans (the reader's Python)": read_s - decode_s,
+        "assembly and aggregation": pipeline_s - read_s,
+        "rules, replay, projections, JSON output (20,000-request sample)": report_s,
     }
     split = "\n".join(
         f"| {what} | {seconds:.1f} s | {1e6 * seconds / n_spans:.1f} µs |"
@@ -273,16 +279,15 @@ def render(
     one = results["analyze-1"][0]
     speedup = one.wall_s / top.wall_s
     cpus = os.cpu_count() or 1
-    decode_us = 1e6 * cpu["decode"] / n_spans
-    python_us = 1e6 * (cpu["pipeline"] - cpu["decode"]) / n_spans
-    fixed_s = cpu["analyze-1"] - cpu["pipeline"]
-    ceiling = cpus * n_spans / cpu["pipeline"]
+    decode_us = 1e6 * decode_s / n_spans
+    python_us = 1e6 * (pipeline_s - decode_s) / n_spans
+    ceiling = cpus * n_spans / pipeline_s
     gap = (
         f"Per span, one process spends {decode_us:.1f} µs of CPU decoding and {python_us:.1f} µs "
         f"in Python on top (building spans, assembly, aggregation). With {cpus} CPUs fully "
-        f"used, reading, assembling and aggregating can at best run at {ceiling:,.0f} spans/s, "
-        f"before the workers' start and merge and the rules, replay and output on the sample "
-        f"({fixed_s:.1f} s of CPU in one process). "
+        f"used, reading, assembling and aggregating would run at about {ceiling:,.0f} spans/s, "
+        f"before the workers' start and merge and the report on the sample ({report_s:.1f} s "
+        f"of CPU in one process, after the workers). "
         + (
             "The target is met."
             if rate >= TARGET_SPANS_PER_S
@@ -305,27 +310,28 @@ Generated by `python bench/analyze_throughput.py` (this file is rewritten by eac
 **{top.rss_mb:.0f} MB** summed over the command and its worker processes ({verdict_rss} the
 target of {TARGET_RSS_MB} MB; the largest single process peaked at {top.largest_mb:.0f} MB).
 
-Machine: {env_line}. The machine is shared with other jobs: wall times depend on what else
-runs; CPU times less so.
+Machine: {env_line}.
+The machine is shared with other jobs: wall times depend on what else runs; CPU times less so.
 
 {_HEADER}{repeat}) |
 |---|---:|---:|---:|---:|---:|---:|---|
 {chr(10).join(rows)}
 
 `analyze` runs one worker process per CPU ({speedup:.2f}x the wall speed of `analyze-1`, the
-same command in one process, for the same report). Where the CPU time goes, from the
-differences between the one-process commands (separate runs: on a shared machine a
-difference can come out slightly off):
+same command in one process, for the same report). Where the CPU time goes, in one process
+(the `phases` run: each phase timed with the process's CPU clock):
 
 | part | CPU | per span |
 |---|---:|---:|
 {split}
 
-- `parse`: `orjson.loads` of every line: what the generic reader starts from; `decode`:
-  msgspec's decoding of every line into the typed structs of the fast reader
-  (`tracekit/analysis/_otlp_typed.py`): its floor.
-- `read`: `tracekit.analysis.sources.read_spans`: decoding plus every `Span` (ids, times,
-  typed attribute map); `pipeline`: the reader, assembly and aggregation in one process.
+- `parse`: `orjson.loads` of every line: what the generic reader starts from (the fast
+  reader decodes with msgspec instead: the first phase below).
+- `phases`: one process running, one after the other, msgspec's decoding of every line into
+  the typed structs of the fast reader (`tracekit/analysis/_otlp_typed.py`),
+  `tracekit.analysis.sources.read_spans` (decoding plus every `Span`: ids, times, typed
+  attribute map), the reader with assembly and aggregation, and the report (rules, replay,
+  projections, JSON); its wall time and memory are those of all four.
 - `analyze-1` and `analyze`: the whole `tracekit analyze FILE --format json -o OUT`, with
   `TRACEKIT_ANALYZE_WORKERS=1` and as users run it.
 
