@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml constraints.txt constraints-py310.txt setup.py
 	$(BIN)/python -m pip install -q -c "$$($(BIN)/python -c 'import sys; print("constraints-py310.txt" if sys.version_info < (3, 11) else "constraints.txt")')" -e '.[dev]'
 	touch $(STAMP) $(NATIVE)
 
+# (The install above compiles too and touches the stamp: a fresh clone compiles once.)
 $(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
-	$(BIN)/python setup.py -q build_ext --inplace
+	@if [ -e $(NATIVE) ] && [ -z "$$(find $(NATIVE_SOURCES) -newer $(NATIVE))" ]; then :; \
+	else echo "compiling the request path (mypyc)"; $(BIN)/python setup.py -q build_ext --inplace; fi
 	touch $(NATIVE)
 
 build: $(NATIVE)  ## (re)compile the hot path after editing it

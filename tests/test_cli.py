@@ -312,7 +312,7 @@ def test_the_throughput_benchmark_runs_end_to_end(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    for command in ("parse", "read", "pipeline", "analyze"):
+    for command in ("parse", "phases", "analyze-1", "analyze"):
         assert f"\n{command} " in "\n" + done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["spans"] >= 1500 and report["instrumented"]
