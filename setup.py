@@ -8,6 +8,7 @@ TRACEKIT_PURE_PYTHON=1 set, or if mypyc fails, tracekit installs as plain Python
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,17 @@ def compiled_modules() -> list[str]:
     raise SystemExit("setup.py: tracekit/_native.py has no COMPILED tuple")
 
 
+def record_sources() -> None:
+    """Write what the compiled modules are made from (tracekit/_native.py, BUILT_FROM): a
+    checkout whose sources change afterwards runs them as plain Python until rebuilt."""
+    spec = importlib.util.spec_from_file_location("_native", ROOT / "tracekit" / "_native.py")
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    lines = [f"{name} {digest}\n" for name, digest in native.source_digests(str(ROOT / "tracekit")).items()]
+    (ROOT / "tracekit" / native.BUILT_FROM).write_text("".join(lines))
+
+
 def ext_modules() -> list[object]:
     if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
         return []
@@ -40,6 +52,7 @@ def ext_modules() -> list[object]:
         return []
     for extension in extensions:
         extension.optional = True  # no C compiler: build_ext skips it, tracekit stays Python
+    record_sources()
     return list(extensions)
 
 

@@ -21,6 +21,7 @@ beyond the standard library.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -47,6 +48,7 @@ COMPILED = (
 )
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+BUILT_FROM = "_compiled_from.txt"  # written by setup.py: "module sha256" per compiled module
 
 
 def load() -> None:
@@ -57,7 +59,7 @@ def load() -> None:
         return
     stale = _stale()
     if stale:
-        reason = f"tracekit/{stale}.py is newer than its compiled module (run make to rebuild)"
+        reason = f"tracekit/{stale}.py changed since it was compiled (run make to rebuild)"
     else:
         try:
             importlib.import_module("tracekit._accounting")
@@ -70,23 +72,30 @@ def load() -> None:
         logging.getLogger("tracekit").warning("tracekit: running as plain Python: %s", reason)
 
 
-def _stale(package_dir: str = _PACKAGE_DIR) -> str | None:
-    """A compiled module's source newer than the compiled code (the first found), or None.
-
-    The code of all compiled modules is in one shared library beside the package
-    (``tracekit__mypyc*.so``); the per-module files are stubs that a rebuild may leave as
-    they were.
-    """
-    here = os.path.dirname(package_dir)
-    shared = [path for suffix in importlib.machinery.EXTENSION_SUFFIXES
-              if os.path.exists(path := os.path.join(here, f"tracekit__mypyc{suffix}"))]  # fmt: skip
-    if not shared:
-        return None
-    built = min(os.path.getmtime(path) for path in shared)
+def source_digests(package_dir: str = _PACKAGE_DIR) -> dict[str, str]:
+    """SHA-256 of each compiled module's source (what ``setup.py`` records as it compiles)."""
+    digests = {}
     for name in COMPILED:
-        if os.path.getmtime(os.path.join(package_dir, f"{name}.py")) > built:
-            return name
-    return None
+        with open(os.path.join(package_dir, f"{name}.py"), "rb") as source:
+            digests[name] = hashlib.sha256(source.read()).hexdigest()
+    return digests
+
+
+def _stale(package_dir: str = _PACKAGE_DIR) -> str | None:
+    """A compiled module whose source changed since it was compiled (the first), or None.
+
+    ``setup.py`` writes the sources' digests to ``BUILT_FROM`` as it compiles them (an edited
+    checkout); an installed wheel has no such file and is never stale. Content, not file
+    times: a rebuild leaves unchanged outputs as they were, and a touched file is not a
+    changed one. Cost: hashing ~150 kB of source once per process.
+    """
+    try:
+        with open(os.path.join(package_dir, BUILT_FROM)) as recorded:
+            built = dict(line.split() for line in recorded if line.strip())
+    except (OSError, ValueError):
+        return None
+    now = source_digests(package_dir)
+    return next((name for name in COMPILED if built.get(name) != now[name]), None)
 
 
 def compiled() -> bool:

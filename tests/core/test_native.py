@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import subprocess
 import sys
@@ -42,18 +41,17 @@ def test_the_core_suite_passes_as_plain_python() -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
-def test_a_source_newer_than_the_compiled_code_is_stale(tmp_path: Path) -> None:
+def test_a_source_changed_since_it_was_compiled_is_stale(tmp_path: Path) -> None:
     package = tmp_path / "tracekit"
     package.mkdir()
     for name in _native.COMPILED:
-        (package / f"{name}.py").write_text("")
-    assert _native._stale(str(package)) is None  # nothing compiled: nothing stale
-    shared = tmp_path / f"tracekit__mypyc{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    shared.write_bytes(b"")
-    past = time.time() - 60
-    for name in _native.COMPILED:
-        os.utime(package / f"{name}.py", (past, past))
+        (package / f"{name}.py").write_text(f"# {name}\n")
+    assert _native._stale(str(package)) is None  # no record of a build: an installed wheel
+    built = "".join(f"{n} {d}\n" for n, d in _native.source_digests(str(package)).items())
+    (package / _native.BUILT_FROM).write_text(built)
     assert _native._stale(str(package)) is None
     edited = _native.COMPILED[3]
-    os.utime(package / f"{edited}.py")  # edited after the build
+    os.utime(package / f"{edited}.py", (time.time() + 60, time.time() + 60))  # touched only
+    assert _native._stale(str(package)) is None
+    (package / f"{edited}.py").write_text("# edited\n")
     assert _native._stale(str(package)) == edited
