@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from tracekit import semconv
+from tracekit.exporters.jsonl import otlp_value
 
 BATCH = 512
 ROUTE = "/v1/chat/completions"
@@ -45,19 +46,7 @@ _MS = 1_000_000  # ns per ms
 # --- OTLP JSON builders ----------------------------------------------------------------------
 def attr(key: str, value: Any) -> dict[str, Any]:
     """One OTLP JSON attribute ``{"key", "value": {...Value}}`` for a Python value."""
-    return {"key": key, "value": _value(value)}
-
-
-def _value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [_value(v) for v in value]}}
-    return {"stringValue": str(value)}
+    return {"key": key, "value": otlp_value(value)}
 
 
 def otlp_span(

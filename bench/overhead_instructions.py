@@ -11,9 +11,15 @@ Each variant of bench/overhead.py (the same app, exporter and processor) runs in
 process under ``valgrind --tool=callgrind``, twice: a warm-up only, and the warm-up plus N
 requests and the flush of everything they queued; the difference divided by N is its
 instructions per request, all threads and the garbage collector included. tracekit is counted
-compiled (as installed) and as plain Python (``TRACEKIT_PURE_PYTHON=1``).
+compiled (as installed) and as plain Python (``TRACEKIT_PURE_PYTHON=1``), and once more with
+its finished requests dropped instead of turned into spans: the request path alone (the rest
+of its overhead is building the spans, handing them to the SDK's processor, and collecting).
 
-Run: .venv/bin/python bench/overhead_instructions.py [--requests 2000] [--json out.json]
+``--tree DIR`` counts another checkout's tracekit with that checkout's bench/overhead.py (e.g.
+a ``git worktree`` of an older commit, to compare); it needs no install, the checkout is put
+first on the path.
+
+Run: .venv/bin/python bench/overhead_instructions.py [--requests 2000] [--json out.json] [--tree DIR]
 Needs valgrind (Debian: ``apt-get install valgrind``); takes a few minutes.
 """
 
@@ -35,13 +41,16 @@ WARMUP = 300
 CHILD = """
 import asyncio, sys
 sys.path.insert(0, {bench!r})
+sys.path.insert(0, {tree!r})
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 import overhead
 from tracekit import _runtime
 otel_trace.set_tracer_provider(TracerProvider())
 _runtime.MAX_QUEUE = 1_000_000  # count every span, as bench/overhead.py does
-app, flush = overhead.variant({variant!r})
+app, flush = overhead.variant({variant!r}.removesuffix("-unbuilt"))
+if {variant!r}.endswith("-unbuilt"):  # finished requests are dropped, never built into spans
+    _runtime.current.submit = lambda request: request.release()
 loop = asyncio.new_event_loop()
 loop.run_until_complete(overhead.drive(app, {warmup}))
 flush()
@@ -51,9 +60,10 @@ if {requests}:
 """
 
 
-def instructions(variant: str, requests: int, pure: bool) -> int:
+def instructions(variant: str, requests: int, pure: bool, tree: Path) -> int:
     """Instructions of one child process (all threads)."""
-    code = CHILD.format(bench=str(HERE), variant=variant, warmup=WARMUP, requests=requests)
+    code = CHILD.format(bench=str(tree / "bench"), tree=str(tree), variant=variant,
+                        warmup=WARMUP, requests=requests)  # fmt: skip
     env = dict(os.environ, PYTHONHASHSEED="0")
     if pure:
         env["TRACEKIT_PURE_PYTHON"] = "1"
@@ -69,24 +79,30 @@ def instructions(variant: str, requests: int, pure: bool) -> int:
     return int(match.group(1))
 
 
-def per_request(variant: str, requests: int, pure: bool = False) -> float:
-    return (instructions(variant, requests, pure) - instructions(variant, 0, pure)) / requests
+def per_request(variant: str, requests: int, tree: Path, pure: bool = False) -> float:
+    return (instructions(variant, requests, pure, tree) - instructions(variant, 0, pure, tree)) / requests
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--tree", type=Path, default=HERE.parent, help="the checkout to count")
     args = parser.parse_args()
+    tree = args.tree.resolve()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
-    bare = per_request("bare", args.requests)
-    otel = per_request("otel", args.requests) - bare
+    bare = per_request("bare", args.requests, tree)
+    otel = per_request("otel", args.requests, tree) - bare
     results: dict[str, float] = {"bare": bare, "otel_overhead": otel}
     for name, pure in (("tracekit_compiled", False), ("tracekit_plain_python", True)):
-        ours = per_request("tracekit", args.requests, pure) - bare
+        ours = per_request("tracekit", args.requests, tree, pure) - bare
         results[f"{name}_overhead"] = ours
         results[f"{name}_ratio_to_otel"] = ours / otel
+    if (tree / "tracekit" / "_native.py").exists():  # a tree with release() (this one's kind)
+        path = per_request("tracekit-unbuilt", args.requests, tree) - bare
+        results["tracekit_compiled_request_path"] = path
+        results["tracekit_compiled_spans_and_rest"] = results["tracekit_compiled_overhead"] - path
     results["requests"] = args.requests
     print(json.dumps(results, indent=2))
     if args.json:

@@ -36,8 +36,9 @@ class Site:
 
     Attributes:
         template: its spans' attributes, to copy: the fixed ones (stage name and kind, code
-            location), then the figures every stage span has, as placeholders (a copy of a
-            dict is much cheaper than building one key by key).
+            location), then the keys of the figures every stage span has, set to zero until
+            span building writes them (a copy of a dict is much cheaper than building one key
+            by key).
     """
 
     __slots__ = ("function", "kind", "name", "namespace", "template")
@@ -131,16 +132,6 @@ class Ledger:
             parent.active_children += 1
         if request is not None:
             request.ledgers.append(self)
-
-    @property
-    def name(self) -> str:
-        """The stage name (``"request"`` for a request's own code)."""
-        return self.site.name
-
-    @property
-    def kind(self) -> str:
-        """The stage kind (``"request"`` for a request's own code)."""
-        return self.site.kind
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Attach an extra attribute to this stage's span (GenAI, tokens, ...)."""

@@ -18,7 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 
-def _value(value: Any) -> dict[str, Any]:
+def otlp_value(value: Any) -> dict[str, Any]:
+    """An OTLP JSON ``AnyValue`` for an attribute value (ints as strings, per proto3 JSON)."""
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):
@@ -30,12 +31,12 @@ def _value(value: Any) -> dict[str, Any]:
     if isinstance(value, bytes):
         return {"stringValue": value.decode("utf-8", "replace")}
     if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [_value(v) for v in value]}}
+        return {"arrayValue": {"values": [otlp_value(v) for v in value]}}
     return {"stringValue": str(value)}
 
 
 def _attributes(attrs: Any) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in (attrs or {}).items()]
+    return [{"key": k, "value": otlp_value(v)} for k, v in (attrs or {}).items()]
 
 
 def encode_span(span: ReadableSpan) -> dict[str, Any]:
