@@ -46,8 +46,8 @@ _SLEEP_CODE: Final = asyncio.sleep.__code__
 class ThreadState:
     """What one thread is running now, and its recent outermost slices (loop threads)."""
 
-    __slots__ = ("cpu_at", "cpu_last", "ident", "name", "ring_end", "ring_i", "ring_start",
-                 "seq", "slice_start", "task", "top", "watched")  # fmt: skip
+    __slots__ = ("cpu_at", "cpu_last", "ident", "loop", "name", "ring_end", "ring_i",
+                 "ring_start", "seq", "slice_start", "task", "top", "watched")  # fmt: skip
 
     def __init__(self) -> None:
         thread = threading.current_thread()
@@ -58,6 +58,9 @@ class ThreadState:
         # The task whose coroutine a tracekit driver is stepping right now (None: none is):
         # an async stage entered in that task's step needs no driver of its own.
         self.task: object = None
+        # The running loop of that task, while ``task`` is set: asking asyncio for it again
+        # (``_get_running_loop``) is a getpid system call per call on Python 3.11.
+        self.loop: Any = None
         self.cpu_at = -CPU_REUSE_NS - 1  # wall ns of the last real CPU-clock reading (cpu_now)
         self.cpu_last = 0  # that reading
         self.seq = 0  # number of outermost slices begun, for the watchdog's staleness check

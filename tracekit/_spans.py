@@ -26,20 +26,29 @@ _SERVER: Final = SpanKind.SERVER
 _tuple_new: Final = tuple.__new__
 
 
-def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None) -> SpanContext:
+def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None,
+                 valid: bool) -> SpanContext:  # fmt: skip
     """``SpanContext(trace_id, span_id, False, SAMPLED, trace_state)``, built directly.
 
     ``SpanContext`` is a tuple whose ``__new__`` (Python) only fills defaults and checks the
     ids; span building makes one per span, and that call was a tenth of its cost. The tuple
-    is made here instead, after :func:`_fast_contexts_match` checked at import that it comes
-    out equal to the constructor's (else the constructor is used).
+    is made here instead (``valid``: whether both ids are in range, which the caller knows:
+    :func:`ids_valid`), after :func:`_fast_contexts_match` checked at import that it comes
+    out equal to the constructor's (else :func:`span_context` uses the constructor).
     """
-    valid = 0 < trace_id < _TRACE_ID_LIMIT and 0 < span_id < _SPAN_ID_LIMIT
     state = trace_state if trace_state is not None else DEFAULT_TRACE_STATE
     return _tuple_new(SpanContext, (trace_id, span_id, False, _SAMPLED, state, valid))
 
 
-def _slow_context(trace_id: int, span_id: int, trace_state: TraceState | None) -> SpanContext:
+def ids_valid(trace_id: int, span_id: int) -> bool:
+    """What ``SpanContext.is_valid`` says of these ids."""
+    return 0 < trace_id < _TRACE_ID_LIMIT and 0 < span_id < _SPAN_ID_LIMIT
+
+
+def span_context(trace_id: int, span_id: int, trace_state: TraceState | None) -> SpanContext:
+    """A sampled, local span context for these ids."""
+    if _FAST_CONTEXTS:
+        return _new_context(trace_id, span_id, trace_state, ids_valid(trace_id, span_id))
     return SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
 
 
@@ -47,8 +56,8 @@ def _fast_contexts_match() -> bool:
     for trace_id, span_id in ((0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331), (0, 1)):
         for trace_state in (None, TraceState([("k", "v")])):
             try:
-                fast = _new_context(trace_id, span_id, trace_state)
-                slow = _slow_context(trace_id, span_id, trace_state)
+                fast = _new_context(trace_id, span_id, trace_state, ids_valid(trace_id, span_id))
+                slow = SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
             except Exception:
                 return False
             if type(fast) is not type(slow) or fast != slow or fast.is_valid != slow.is_valid:
@@ -58,7 +67,7 @@ def _fast_contexts_match() -> bool:
 
 _TRACE_ID_LIMIT: Final = 1 << 128
 _SPAN_ID_LIMIT: Final = 1 << 64
-span_context = _new_context if _fast_contexts_match() else _slow_context
+_FAST_CONTEXTS: Final = _fast_contexts_match()
 
 
 def instrumentation_scope() -> InstrumentationScope:
@@ -83,14 +92,25 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
     if request.parent_span_id:
         remote_parent = SpanContext(trace_id, request.parent_span_id, request.remote_parent,
                                     _SAMPLED, trace_state)  # fmt: skip
-    contexts: dict[int, SpanContext] = {}  # id(ledger) -> its span context, parents first
+    # Span ids are made non-zero and 64-bit (_request.new_span_id): only the trace id, which
+    # may come from a traceparent, decides whether a stage's context is valid.
+    fast = _FAST_CONTEXTS
+    valid = ids_valid(trace_id, 1)
+    contexts: dict[Ledger, SpanContext] = {}  # ledger -> its span context, parents first
     spans = []
-    for led, (wall, children, wait, loop_wait) in zip(request.ledgers, parts, strict=True):
+    ledgers = request.ledgers
+    for i in range(len(parts)):  # the ledgers split (a stage opened late is not built)
+        led = ledgers[i]
         if led.site is REQUEST:
-            contexts[id(led)] = request_context
+            contexts[led] = request_context
             continue
-        context = contexts[id(led)] = span_context(trace_id, led.span_id, trace_state)
-        parent = contexts.get(id(led.parent)) if led.parent is not None else remote_parent
+        wall, children, wait, loop_wait = parts[i]
+        if fast:
+            context = _new_context(trace_id, led.span_id, trace_state, valid)
+        else:
+            context = span_context(trace_id, led.span_id, trace_state)
+        contexts[led] = context
+        parent = contexts.get(led.parent) if led.parent is not None else remote_parent
         spans.append(_span(
             led.site.name, context, parent, resource,
             _summary.stage_attributes(led, wall, children, wait, loop_wait),

@@ -107,11 +107,16 @@ def step_out(led: Ledger) -> int:
     end = _clock.wall_ns()
     state = led.state
     cpu = _loop.cpu_now(state, end)
-    loop = _get_running_loop() is not None
+    loop = on_loop(state)
     _accounting.step_end(led, state, end, cpu, loop)
     if led.owns_slice:
         _loop.slice_end(state, end, loop)
     return end
+
+
+def on_loop(state: _loop.ThreadState) -> bool:
+    """Whether this thread is running an event loop now (``state``: its state)."""
+    return state.task is not None or _get_running_loop() is not None
 
 
 def call_begin(site: Site) -> Ledger | None:
@@ -172,11 +177,14 @@ def enter(site: Site, block: bool) -> tuple[Ledger, Ledger | None] | None:
     it takes no step (see the module doc); None when not recording."""
     try:
         state = _loop.thread_state()
-        loop = _get_running_loop()
+        stepped = state.task
+        # A driver steps a task on this thread: its loop is known (asking asyncio costs a
+        # system call on 3.11). The running task may still be another (an eager task).
+        loop = state.loop if stepped is not None else _get_running_loop()
         if loop is None:
             steps = block  # sync code outside any loop: no suspension can hide in a block
         else:
-            steps = state.top is not None and state.task is _current_task(loop)
+            steps = state.top is not None and stepped is _current_task(loop)
         if not steps:
             led = open_ledger(site)
             return None if led is None else (led, NO_STEP)
@@ -202,7 +210,7 @@ def leave(led: Ledger, outer: Ledger | None, error: BaseException | None) -> Non
     try:
         # Not on top: left from outside its step (coroutine close(), an unbalanced exit).
         if outer is not NO_STEP and led.state.top is led:
-            end = _accounting.switch(led.state, led, outer, _get_running_loop() is not None)
+            end = _accounting.switch(led.state, led, outer, on_loop(led.state))
     except Exception:
         internal_error("stage end")
     close_ledger(led, error, end)

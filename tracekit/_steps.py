@@ -28,12 +28,6 @@ _get_running_loop: Final = asyncio._get_running_loop
 _current_task: Final = asyncio.current_task
 
 
-def running_task() -> object:
-    """The running asyncio task, or None (no loop, or not inside a task)."""
-    loop = _get_running_loop()
-    return None if loop is None else _current_task(loop)
-
-
 class Stepped:
     """``await Stepped(coro, ledger)`` runs ``coro`` with each step timed into ``ledger``."""
 
@@ -56,7 +50,8 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     (default ``coro``).
     """
     state = _loop.thread_state()
-    task = running_task()
+    loop = _get_running_loop()
+    task = None if loop is None else _current_task(loop)
     send, throw = coro.send, coro.throw
     inspect = coro if awaiting is None else awaiting
     cursor = led  # the ledger whose code runs when coro resumes (led, or a stage inside it)
@@ -72,6 +67,7 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
                 outermost = True
                 _loop.slice_begin(state, now)
                 state.task = task
+                state.loop = loop
             _accounting.step_begin(cursor, state, now, _loop.cpu_now(state, now))
         except Exception:
             internal_error("step start")
@@ -104,7 +100,7 @@ def _end_step(state: _loop.ThreadState, led: Ledger, outermost: bool, suspended:
             if suspended:
                 owner.suspended_at = end
         if outermost:
-            state.task = None
+            state.task = state.loop = None
             _loop.slice_end(state, end, True)
         return owner or led  # None: our step was already closed, bookkeeping went wrong
     except Exception:

@@ -110,7 +110,10 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
         parts = ledger_parts(request, end)
     cpu = cpu_on = loop_wait = model_wait = io_wait = max_block = 0
     blocked_at = None
-    for led, (_, _, wait, waited) in zip(request.ledgers, parts, strict=True):
+    ledgers = request.ledgers
+    for i in range(len(parts)):  # the ledgers split (one opened after that is left out)
+        led = ledgers[i]
+        _, _, wait, waited = parts[i]
         cpu_on += led.cpu_on
         cpu += cpu_of(led)
         loop_wait += waited
@@ -148,18 +151,16 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
     if request.ttfb:
         attrs[TTFB_MS] = (request.ttfb - request.start) / MS
     if request.chunks:
-        attrs.update(stream_attributes(request))
+        stream_attributes(request, attrs)
     return attrs
 
 
-def stream_attributes(request: Request) -> dict[str, Any]:
-    """TTFT, ITL percentiles, TPOT and chunk count (DESIGN §1 definitions)."""
+def stream_attributes(request: Request, attrs: dict[str, Any]) -> None:
+    """Adds TTFT, ITL percentiles, TPOT and the chunk count (DESIGN §1 definitions)."""
     if not request.chunks:
-        return {}
-    attrs: dict[str, Any] = {
-        semconv.CHUNKS: request.chunks,
-        semconv.TTFT_MS: (request.chunk_first - request.start) / MS,
-    }
+        return
+    attrs[semconv.CHUNKS] = request.chunks
+    attrs[semconv.TTFT_MS] = (request.chunk_first - request.start) / MS
     gaps = request.gaps
     if gaps:
         ordered = sorted(gaps)
@@ -167,7 +168,6 @@ def stream_attributes(request: Request) -> dict[str, Any]:
         attrs[semconv.ITL_P95_MS] = percentile(ordered, 0.95) / MS
         attrs[semconv.ITL_MAX_MS] = max(ordered[-1], request.gap_max) / MS
         attrs[semconv.TPOT_MS] = (request.chunk_last - request.chunk_first) / (request.chunks - 1) / MS
-    return attrs
 
 
 def http_attributes(request: Request) -> tuple[str, dict[str, Any]]:

@@ -233,6 +233,39 @@ def test_never_replaces_the_applications_provider(otel_globals: None) -> None:
         "POST /v1/chat/{session}", "model", "tokenize"]
 
 
+def test_processors_added_to_the_provider_later_receive_spans_too(otel_globals: None) -> None:
+    # tracekit hands spans straight to the processors of the provider's synchronous chain,
+    # read at every delivery: one added after configure() gets the next requests' spans.
+    first, later = InMemorySpanExporter(), InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(first))
+    otel_trace.set_tracer_provider(provider)
+    tracekit.configure(exporter=None)
+    app = tracekit.TracekitMiddleware(gateway())
+    runtime = _runtime.current
+    assert runtime is not None
+    run_requests(app, n=1)
+    runtime.flush()
+    provider.add_span_processor(SimpleSpanProcessor(later))
+    run_requests(app, n=1)
+    runtime.flush()
+    assert len(first.get_finished_spans()) == 6 and len(later.get_finished_spans()) == 3
+
+
+def test_only_the_synchronous_multi_processor_is_unwrapped() -> None:
+    from opentelemetry.sdk.trace import ConcurrentMultiSpanProcessor, SynchronousMultiSpanProcessor
+
+    simple = SimpleSpanProcessor(InMemorySpanExporter())
+    chain = SynchronousMultiSpanProcessor()
+    chain.add_span_processor(simple)
+    concurrent = ConcurrentMultiSpanProcessor()  # runs its processors on a pool: keep that
+    unwrap = _runtime._sync_multi()
+    assert _runtime._processors(chain, unwrap) == (simple,)
+    assert _runtime._processors(concurrent, unwrap) == (concurrent,)
+    assert _runtime._processors(simple, unwrap) == (simple,)
+    concurrent.shutdown()
+
+
 def test_middleware_configures_itself_when_nothing_is(otel_globals: None,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "memory")
@@ -372,7 +405,10 @@ def test_span_contexts_are_built_directly_on_this_sdk() -> None:
 
     from tracekit import _spans
 
-    assert _spans.span_context is _spans._new_context
+    assert _spans._FAST_CONTEXTS
     made = _spans.span_context(0x1F, 0x2E, None)
     assert made == SpanContext(0x1F, 0x2E, False, TraceFlags(TraceFlags.SAMPLED))
     assert made.is_valid and not _spans.span_context(0, 0x2E, None).is_valid
+    assert not _spans.span_context(1 << 128, 0x2E, None).is_valid
+    # build() decides validity from the trace id alone (span ids are made in range)
+    assert _spans.ids_valid(0x1F, 1) and not _spans.ids_valid(0, 1)
