@@ -1,0 +1,37 @@
+"""The overhead benchmarks still run (tiny sizes: this checks the scripts, not the speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_overhead_benchmark_reports_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    _run("bench/overhead.py", "--requests", "400", "--rounds", "2", "--soak", "0", "--json", str(out))
+    results = json.loads(out.read_text())
+    for metric in ("wall_us", "cpu_us"):
+        figures = results[metric]
+        assert figures["otel_overhead_us"] > 0 and figures["tracekit_overhead_us"] > 0
+        low, high = figures["ratio_per_round_quartiles"]
+        assert low <= figures["ratio_per_round_median"] <= high
+    assert set(results["per_request"]) == {"bare", "otel", "tracekit", "tracekit-nogc", "tracekit-dropped"}
+
+
+def test_thread_cpu_reports_every_variant_by_thread() -> None:
+    out = _run("bench/thread_cpu.py", "--requests", "2000", "--rounds", "1")
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(lines) == {"bare", "otel", "tracekit", "tracekit-unbuilt"}
+    # the loop thread always works (which other threads reach a clock tick varies)
+    assert all("MainThread " in line for line in lines.values())
