@@ -3,7 +3,7 @@
 Reproduce (numbers in ``docs/analyzer-rules.md``)::
 
     python -m tracekit.analysis._replay_calibration            # both measurements
-    RAYON_NUM_THREADS=1 python -m tracekit.analysis._replay_calibration tokenizers
+    python -m tracekit.analysis._replay_calibration tokenizers
 
 - :data:`ORJSON_SPEEDUP`: ``json.dumps(payload).encode()`` time / ``orjson.dumps(payload)``
   time on :func:`chat_completion_payload`, an OpenAI-style ``chat.completion`` response of
@@ -12,13 +12,14 @@ Reproduce (numbers in ``docs/analyzer-rules.md``)::
 - :data:`TOKENIZERS_GIL`: the speed a pure-Python thread keeps (vs. running alone) while
   another thread tokenizes with HF ``tokenizers``: with ``Tokenizer.encode`` it keeps little
   (encode holds the GIL), with ``encode_batch`` nearly all of it (encode_batch releases the
-  GIL). Measured with ``RAYON_NUM_THREADS=1`` so that the batch encoder's own threads do not
-  compete for this 2-core machine's CPUs: the figure isolates the GIL.
+  GIL). Measured with ``TOKENIZERS_PARALLELISM=false`` so that the batch encoder's own threads
+  do not compete for this 2-core machine's CPUs: the figure isolates the GIL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import threading
@@ -30,10 +31,11 @@ from typing import Any
 #: 18.5-22.9x).
 ORJSON_SPEEDUP = 20.0
 #: Rate of a pure-Python thread during one tokenizer call in another thread, over its rate
-#: during a sleep of the same length (measured 2026-12-02, tokenizers 0.23.3,
-#: RAYON_NUM_THREADS=1, 2-core machine loaded by other jobs, five runs: encode 0.10-0.16,
-#: encode_batch 0.41-0.59; the batch figure is below 1 because the CPUs were shared).
-TOKENIZERS_GIL = {"encode": 0.13, "encode_batch": 0.5}
+#: during a sleep of the same length (measured 2026-12-02, tokenizers 0.23.3, a 100,000-word
+#: document, TOKENIZERS_PARALLELISM=false for the call, 2-core machine shared with other jobs;
+#: five runs: encode 0.03-0.08, encode_batch 0.61-0.80; with both CPUs also taken by two busy
+#: processes, six runs: encode 0.05-0.10, encode_batch 0.70-0.89).
+TOKENIZERS_GIL = {"encode": 0.06, "encode_batch": 0.7}
 
 # Mostly ASCII, like an English answer, with a few non-ASCII words (json escapes them).
 _WORDS = (
@@ -163,9 +165,15 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
 
     Trains a small BPE tokenizer in memory (no download); a background thread counts in a
     pure-Python loop; the main thread reads the count before and after one call of
-    ``encode(text)`` / ``encode_batch([text])`` on a 20,000-word document. A call that holds
-    the GIL leaves the counter (almost) still; one that releases it lets it run at its solo
-    rate. Other load on the machine slows both cases alike, so the contrast survives it.
+    ``encode(text)`` / ``encode_batch([text])`` on a 100,000-word document (~0.1 s a call
+    here). A call that holds the GIL leaves the counter (almost) still; one that releases it
+    lets it run at its solo rate. Other load on the machine slows both cases alike, so the
+    contrast survives it. The call is long so that the counter's turns with the GIL right
+    before and after it (up to one switch interval, 5 ms, each) stay a small part of the
+    reading: with a 20,000-word document they made ``encode`` read up to 0.34 under load.
+    The batch encoder runs with ``TOKENIZERS_PARALLELISM=false`` (for one text it has nothing
+    to spread, but its idle pool threads would compete for the CPUs): the figure isolates
+    the GIL.
 
     Returns:
         ``{"encode": fraction, "encode_batch": fraction}``: the counter's rate during the
@@ -184,7 +192,7 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=["[UNK]"])
     tokenizer.train_from_iterator([text(200) for _ in range(300)], trainer)
-    doc = text(20_000)
+    doc = text(100_000)
     count = [0]
     stop = threading.Event()
 
@@ -200,6 +208,8 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
         return (count[0] - c0) / (time.perf_counter() - t0)
 
     thread = threading.Thread(target=counter, daemon=True)
+    parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each call
     thread.start()
     try:
         out: dict[str, list[float]] = {"encode": [], "encode_batch": []}
@@ -214,6 +224,10 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
     finally:
         stop.set()
         thread.join()
+        if parallelism is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = parallelism
     return {key: sorted(values)[len(values) // 2] for key, values in out.items()}
 
 
