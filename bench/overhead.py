@@ -12,6 +12,9 @@ model with one real suspension, serialize). Variants:
 - tracekit-dropped: as tracekit, with an always-off sampler (the request is not recorded)
 - tracekit-nogc: as tracekit, with the garbage collector paused (to measure its share)
 
+``--compare`` runs chosen variants only, among them diagnostic ones (see ``_alter``):
+tracekit-unbuilt, tracekit-inline, tracekit-nowatchdog.
+
 Time per request = (wall time of N requests + flushing everything queued) / N, and also
 process CPU time (all threads: span building and export included) / N. Variants run in
 interleaved rounds; the best (minimum) round is reported: on a shared machine noise only ever
@@ -151,6 +154,7 @@ def variant(name: str, chunks: int = 0) -> tuple[Any, Any]:
     tracekit.configure(tracer_provider=provider)
     runtime = _runtime.current
     assert runtime is not None
+    _alter(runtime, name.removeprefix("tracekit").lstrip("-"))
 
     def flush() -> None:
         runtime.flush()
@@ -158,6 +162,33 @@ def variant(name: str, chunks: int = 0) -> tuple[Any, Any]:
             raise SystemExit(f"tracekit dropped {runtime.dropped} requests: the benchmark is invalid")
 
     return tracekit.TracekitMiddleware(make_app(True, chunks)), flush
+
+
+def _alter(runtime: _runtime.Runtime, change: str) -> None:
+    """The diagnostic variants (``--compare``), each tracekit with one thing changed:
+
+    - unbuilt:     finished requests are dropped, never built into spans (the request path alone)
+    - inline:      spans are built and delivered on the request path, right after the response
+    - nowatchdog:  no watchdog thread
+    """
+    if change == "unbuilt":
+        runtime.submit = lambda request: request.release()  # type: ignore[method-assign]
+    elif change == "inline":
+        from tracekit import _spans
+
+        scope = _spans.instrumentation_scope()
+
+        def build_now(request: Any) -> None:
+            try:
+                runtime._deliver(_spans.build(request, runtime.resource, scope))
+            finally:
+                request.release()
+
+        runtime.submit = build_now  # type: ignore[method-assign]
+    elif change == "nowatchdog":
+        runtime.watchdog = None
+    elif change not in ("", "dropped"):
+        raise SystemExit(f"unknown variant: tracekit-{change}")
 
 
 BACKLOG: list[int] = []  # tracekit variants: requests still waiting for span building at the end
@@ -240,11 +271,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--soak", type=int, default=100_000)
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--compare", metavar="V1,V2,...",
+                        help="only run these variants in interleaved rounds and print each one's "
+                             "best overhead (e.g. bare,tracekit,tracekit-inline)")  # fmt: skip
     args = parser.parse_args()
     otel_trace.set_tracer_provider(TracerProvider())  # a global SDK provider, as an app would have
     # The loop here is saturated (no idle time), so the span-building thread falls behind; let
     # its queue grow so that every request's spans are built and their cost counted.
     _runtime.MAX_QUEUE = 1_000_000
+
+    if args.compare:
+        names = args.compare.split(",")
+        best = rounds(names if "bare" in names else ["bare", *names], args.requests, args.rounds)
+        for name, figures in best.items():
+            print(f"{name:22s} overhead: wall {figures['wall_us'] - best['bare']['wall_us']:6.1f} µs,"
+                  f" CPU {figures['cpu_us'] - best['bare']['cpu_us']:6.1f} µs")  # fmt: skip
+        return
 
     main_names = ["bare", "otel", "tracekit", "tracekit-nogc", "tracekit-dropped"]
     per_request = rounds(main_names, args.requests, args.rounds)

@@ -48,9 +48,7 @@ import overhead
 from tracekit import _runtime
 otel_trace.set_tracer_provider(TracerProvider())
 _runtime.MAX_QUEUE = 1_000_000  # count every span, as bench/overhead.py does
-app, flush = overhead.variant({variant!r}.removesuffix("-unbuilt"))
-if {variant!r}.endswith("-unbuilt"):  # finished requests are dropped, never built into spans
-    _runtime.current.submit = lambda request: request.release()
+app, flush = overhead.variant({variant!r})  # -unbuilt: requests dropped, never built into spans
 loop = asyncio.new_event_loop()
 loop.run_until_complete(overhead.drive(app, {warmup}))
 flush()
@@ -99,7 +97,7 @@ def main() -> None:
         ours = per_request("tracekit", args.requests, tree, pure) - bare
         results[f"{name}_overhead"] = ours
         results[f"{name}_ratio_to_otel"] = ours / otel
-    if (tree / "tracekit" / "_native.py").exists():  # a tree with release() (this one's kind)
+    if "tracekit-unbuilt" in (tree / "bench" / "overhead.py").read_text():  # its bench has the variant
         path = per_request("tracekit-unbuilt", args.requests, tree) - bare
         results["tracekit_compiled_request_path"] = path
         results["tracekit_compiled_spans_and_rest"] = results["tracekit_compiled_overhead"] - path

@@ -46,10 +46,7 @@ def thread_times() -> dict[int, tuple[float, float]]:
 
 def run(name: str, n: int) -> dict[str, tuple[float, float]]:
     """Per-thread (user µs, system µs) per request of one variant."""
-    app, flush = overhead.variant(name.removesuffix("-unbuilt"))
-    if name.endswith("-unbuilt"):
-        assert _runtime.current is not None
-        _runtime.current.submit = lambda request: request.release()  # type: ignore[method-assign]
+    app, flush = overhead.variant(name)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(overhead.drive(app, 500))

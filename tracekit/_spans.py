@@ -45,11 +45,15 @@ def ids_valid(trace_id: int, span_id: int) -> bool:
     return 0 < trace_id < _TRACE_ID_LIMIT and 0 < span_id < _SPAN_ID_LIMIT
 
 
-def span_context(trace_id: int, span_id: int, trace_state: TraceState | None) -> SpanContext:
-    """A sampled, local span context for these ids."""
-    if _FAST_CONTEXTS:
-        return _new_context(trace_id, span_id, trace_state, ids_valid(trace_id, span_id))
-    return SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
+def span_context(trace_id: int, span_id: int, trace_state: TraceState | None,
+                 valid: bool | None = None) -> SpanContext:  # fmt: skip
+    """A sampled, local span context for these ids (``valid``: :func:`ids_valid` of them,
+    when the caller knows it already)."""
+    if not _FAST_CONTEXTS:
+        return SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
+    if valid is None:
+        valid = ids_valid(trace_id, span_id)
+    return _new_context(trace_id, span_id, trace_state, valid)
 
 
 def _fast_contexts_match() -> bool:
@@ -94,7 +98,6 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
                                     _SAMPLED, trace_state)  # fmt: skip
     # Span ids are made non-zero and 64-bit (_request.new_span_id): only the trace id, which
     # may come from a traceparent, decides whether a stage's context is valid.
-    fast = _FAST_CONTEXTS
     valid = ids_valid(trace_id, 1)
     contexts: dict[Ledger, SpanContext] = {}  # ledger -> its span context, parents first
     spans = []
@@ -105,11 +108,7 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
             contexts[led] = request_context
             continue
         wall, children, wait, loop_wait = parts[i]
-        if fast:
-            context = _new_context(trace_id, led.span_id, trace_state, valid)
-        else:
-            context = span_context(trace_id, led.span_id, trace_state)
-        contexts[led] = context
+        context = contexts[led] = span_context(trace_id, led.span_id, trace_state, valid)
         parent = contexts.get(led.parent) if led.parent is not None else remote_parent
         spans.append(_span(
             led.site.name, context, parent, resource,

@@ -24,8 +24,8 @@ def test_overhead_benchmark_reports_every_figure(tmp_path: Path) -> None:
     for metric in ("wall_us", "cpu_us"):
         figures = results[metric]
         assert figures["otel_overhead_us"] > 0 and figures["tracekit_overhead_us"] > 0
-        low, high = figures["ratio_per_round_quartiles"]
-        assert low <= figures["ratio_per_round_median"] <= high
+        # wide margins (tiny rounds, a shared machine): tracekit costs less than OTel's middleware
+        assert 0 < figures["ratio_per_round_median"] < 1
     assert set(results["per_request"]) == {"bare", "otel", "tracekit", "tracekit-nogc", "tracekit-dropped"}
 
 
@@ -35,3 +35,10 @@ def test_thread_cpu_reports_every_variant_by_thread() -> None:
     assert set(lines) == {"bare", "otel", "tracekit", "tracekit-unbuilt"}
     # the loop thread always works (which other threads reach a clock tick varies)
     assert all("MainThread " in line for line in lines.values())
+
+
+def test_compare_runs_the_diagnostic_variants() -> None:
+    out = _run("bench/overhead.py", "--compare", "tracekit,tracekit-unbuilt,tracekit-inline,"
+               "tracekit-nowatchdog", "--requests", "300", "--rounds", "1")  # fmt: skip
+    names = [line.split()[0] for line in out.splitlines()]
+    assert names == ["bare", "tracekit", "tracekit-unbuilt", "tracekit-inline", "tracekit-nowatchdog"]
