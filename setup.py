@@ -1,8 +1,9 @@
 """Builds tracekit, compiling its request-path modules with mypyc when it can.
 
 The package metadata is in pyproject.toml; this file only adds the compiled modules (listed in
-tracekit/_native.py, which explains why). They are optional: without a C compiler, or with
-TRACEKIT_PURE_PYTHON=1 set, or if mypyc fails, tracekit installs as plain Python.
+tracekit/_native.py, which explains why) and the watchdog's C poll (tracekit/_slicewatch.c).
+They are optional: without a C compiler, or with TRACEKIT_PURE_PYTHON=1 set, or if mypyc
+fails, tracekit installs as plain Python.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def record_sources() -> None:
 def ext_modules() -> list[object]:
     if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
         return []
+    return mypyc_modules() + c_modules()
+
+
+def c_modules() -> list[object]:
+    """The watchdog's GIL-free poll (tracekit/_slicewatch.c; POSIX): optional, like the rest."""
+    if os.name != "posix":
+        return []
+    from setuptools import Extension
+
+    return [Extension("tracekit._slicewatch", ["tracekit/_slicewatch.c"], optional=True)]
+
+
+def mypyc_modules() -> list[object]:
     try:
         from mypyc.build import mypycify
 

@@ -46,7 +46,7 @@ _SLEEP_CODE: Final = asyncio.sleep.__code__
 class ThreadState:
     """What one thread is running now, and its recent outermost slices (loop threads)."""
 
-    __slots__ = ("cpu_at", "cpu_last", "ident", "loop", "name", "ring_end", "ring_i",
+    __slots__ = ("cell", "cpu_at", "cpu_last", "ident", "loop", "name", "ring_end", "ring_i",
                  "ring_start", "seq", "slice_start", "task", "top", "watched")  # fmt: skip
 
     def __init__(self) -> None:
@@ -68,6 +68,9 @@ class ThreadState:
         self.ring_end = [0] * RING
         self.ring_i = 0
         self.watched: object = None  # the watchdog sampling this thread (see _watchdog.py)
+        # Where a watchdog polling without the GIL reads slice_start: an array('q') of one
+        # item, None when no such watchdog watches this thread (see _watchdog.py).
+        self.cell: Any = None
 
 
 _local: Final = threading.local()
@@ -106,12 +109,18 @@ def slice_begin(state: ThreadState, now: int) -> None:
     """An outermost slice begins: a driven step, or a sync stage called outside any step."""
     state.slice_start = now
     state.seq += 1
+    cell = state.cell
+    if cell is not None:
+        cell[0] = now
 
 
 def slice_end(state: ThreadState, end: int, on_loop: bool) -> None:
     """The open outermost slice ends; on a loop thread it is remembered for the estimator."""
     start = state.slice_start
     state.slice_start = 0
+    cell = state.cell
+    if cell is not None:
+        cell[0] = 0
     if on_loop:
         record_slice(state, start, end)
 

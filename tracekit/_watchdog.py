@@ -7,7 +7,17 @@ the loop longer than the threshold (default 20 ms), it samples that thread's sta
 ``sys._current_frames()`` and records, on the innermost open stage (or the request's own
 ledger), ``file:line in function`` plus a short stack. One sample per slice.
 
-The poll needs the GIL: a loop thread burning pure-Python CPU hands it over every
+Polling without the GIL: a Python thread waiting for the GIL is signalled at every release by
+the loop thread (each select/epoll of each loop iteration): a futex wake-up system call on the
+loop thread and a futile context switch, ~12,000 a second measured on a busy healthy loop
+(``docs/performance.md``). So where the C helper :mod:`tracekit._slicewatch` is built (and
+its clock is ``time.perf_counter_ns``'s), the poll runs in C with the GIL released: watched
+threads publish their slice start in a one-item ``array('q')`` (``ThreadState.cell``), and
+the thread takes the GIL only when a slice has run past the threshold (or a thread was
+watched, or once a second to prune). Without it (no compiler, another platform,
+``TRACEKIT_PURE_PYTHON=1``), the same poll runs in Python.
+
+Sampling needs the GIL: a loop thread burning pure-Python CPU hands it over every
 ``sys.getswitchinterval()`` (5 ms), so the sample comes at most that late; a thread blocked
 in ``time.sleep`` or I/O has released it already.
 """
@@ -19,7 +29,9 @@ import sys
 import sysconfig
 import threading
 import time
+from array import array
 from types import FrameType
+from typing import Any
 
 from tracekit import _clock
 from tracekit._loop import ThreadState
@@ -36,6 +48,21 @@ _LIBRARY_DIRS = tuple(
 )  # fmt: skip
 
 
+def _gil_free_poll() -> Any:
+    """:func:`tracekit._slicewatch.wait`, if built, wanted and on ``perf_counter_ns``'s clock."""
+    if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
+        return None
+    try:
+        from tracekit import _slicewatch
+    except ImportError:
+        return None
+    skew = abs(_slicewatch.now_ns() - time.perf_counter_ns())
+    return _slicewatch.wait if skew < 1_000_000 else None
+
+
+GIL_FREE_WAIT = _gil_free_poll()
+
+
 class Watchdog:
     """Samples watched loop threads' stacks while one slice holds the loop too long."""
 
@@ -48,12 +75,19 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.wakes = 0  # times the thread held the GIL to poll (tests check the GIL-free poll)
+        # The GIL-free poll: [stop, generation]; a change ends a wait (see _slicewatch.c).
+        self._control = array("q", [0, 0])
+        self._reported: dict[int, int] = {}  # thread ident -> last slice start the C poll gave
 
     def watch(self, state: ThreadState) -> None:
         """Watch the loop thread owning ``state`` (idempotent); starts the thread lazily."""
         with self._lock:
             self._watched[state.ident or 0] = state
             state.watched = self
+            if GIL_FREE_WAIT is not None and state.cell is None:
+                state.cell = array("q", [state.slice_start])
+            self._control[1] += 1  # the running wait picks the new cell up
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tracekit-watchdog", daemon=True)
                 self._thread.start()
@@ -61,19 +95,44 @@ class Watchdog:
     def stop(self) -> None:
         """Stop polling (the thread exits within one interval)."""
         self._stop.set()
+        self._control[0] = 1
 
     def _run(self) -> None:
         interval = max(self.threshold_ns / 2e9, 0.001)
+        if GIL_FREE_WAIT is not None:
+            self._run_gil_free(int(interval * 1e9))
+            return
         while not self._stop.wait(interval):
-            now = _clock.wall_ns()
-            for state in list(self._watched.values()):
-                start = state.slice_start
-                if not start or now - start < self.threshold_ns:
-                    continue
-                if self._sampled.get(state.ident or 0) != state.seq:
-                    self._sample(state, now - start)
+            self.wakes += 1
+            self._check(list(self._watched.values()))
             if time.monotonic() - self._pruned_at > PRUNE_S:
                 self._prune()
+
+    def _run_gil_free(self, interval_ns: int) -> None:
+        max_wait_ns = int(PRUNE_S * 1e9)
+        while not self._stop.is_set():
+            with self._lock:
+                states = [s for s in self._watched.values() if s.cell is not None]
+            cells = tuple(state.cell for state in states)
+            seen = array("q", [self._reported.get(state.ident or 0, 0) for state in states])
+            over = GIL_FREE_WAIT(cells, seen, self._control, self.threshold_ns, interval_ns,
+                                 max_wait_ns)  # fmt: skip
+            self.wakes += 1
+            for i in over:  # one report per slice (its start), whatever the check below says
+                self._reported[states[i].ident or 0] = seen[i]
+            self._check([states[i] for i in over])
+            if time.monotonic() - self._pruned_at > PRUNE_S:
+                self._prune()
+
+    def _check(self, states: list[ThreadState]) -> None:
+        """Sample each of these threads whose open slice is past the threshold (once a slice)."""
+        now = _clock.wall_ns()
+        for state in states:
+            start = state.slice_start
+            if not start or now - start < self.threshold_ns:
+                continue
+            if self._sampled.get(state.ident or 0) != state.seq:
+                self._sample(state, now - start)
 
     def _prune(self) -> None:
         """Forget the states of threads that ended (a loop per thread pool worker, say)."""
@@ -83,6 +142,7 @@ class Watchdog:
             for ident in [i for i in self._watched if i not in alive]:
                 del self._watched[ident]
                 self._sampled.pop(ident, None)
+                self._reported.pop(ident, None)
 
     def _sample(self, state: ThreadState, held_ns: int) -> None:
         seq = state.seq

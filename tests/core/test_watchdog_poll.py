@@ -1,0 +1,123 @@
+"""The watchdog's GIL-free poll (tracekit/_slicewatch.c) and the watchdog thread around it.
+
+That the watchdog blames the right line, through this poll (compiled build) and through the
+Python one (the plain-Python rerun of the core suite), is tested end to end in
+test_attribution.py and test_uvloop.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from array import array
+
+import pytest
+
+from tracekit import _loop, _watchdog
+from tracekit._watchdog import Watchdog
+
+MS = 1_000_000
+
+
+def test_make_test_builds_the_gil_free_poll() -> None:
+    if not os.environ.get("TRACEKIT_REQUIRE_COMPILED"):
+        pytest.skip("TRACEKIT_REQUIRE_COMPILED is not set (make test sets it)")
+    assert _watchdog.GIL_FREE_WAIT is not None, "tracekit/_slicewatch.c is not built: make build"
+
+
+needs_poll = pytest.mark.skipif(_watchdog.GIL_FREE_WAIT is None, reason="_slicewatch not built")
+
+
+def _wait(cells: tuple[array[int], ...], seen: array[int], control: array[int],
+          max_wait_ms: float = 200) -> tuple[list[int], float]:  # fmt: skip
+    t0 = time.perf_counter()
+    over = _watchdog.GIL_FREE_WAIT(cells, seen, control, 20 * MS, 1 * MS, int(max_wait_ms * MS))
+    return over, (time.perf_counter() - t0) * 1000
+
+
+@needs_poll
+def test_wait_reports_a_slice_past_the_threshold_once() -> None:
+    old = array("q", [time.perf_counter_ns() - 50 * MS])
+    idle, young = array("q", [0]), array("q", [time.perf_counter_ns() + 10_000 * MS])
+    seen, control = array("q", [0, 0, 0]), array("q", [0, 0])
+    over, took = _wait((idle, old, young), seen, control)
+    assert over == [1] and took < 150
+    assert seen.tolist() == [0, old[0], 0]  # remembered: the same slice is not reported again
+    over, took = _wait((idle, old, young), seen, control, max_wait_ms=60)
+    assert over == [] and took >= 55
+    old[0] += 1  # a new slice (another start), also old
+    assert _wait((idle, old, young), seen, control)[0] == [1]
+
+
+@needs_poll
+def test_wait_ends_on_a_new_generation_or_stop() -> None:
+    cell, seen = array("q", [0]), array("q", [0])
+    for index, value in ((1, 7), (0, 1)):  # a thread was watched; stop
+        control = array("q", [0, 0])
+        timer = threading.Timer(0.05, control.__setitem__, (index, value))
+        timer.start()
+        over, took = _wait((cell,), seen, control, max_wait_ms=5000)
+        timer.join()
+        assert over == [] and 40 < took < 2000
+
+
+@needs_poll
+def test_wait_releases_the_gil() -> None:
+    counted = 0
+    done = threading.Event()
+
+    def count() -> None:
+        nonlocal counted
+        while not done.is_set():
+            counted += 1
+
+    counter = threading.Thread(target=count)
+    cell, seen, control = array("q", [0]), array("q", [0]), array("q", [0, 0])
+    counter.start()
+    try:
+        time.sleep(0.02)
+        before = counted
+        _wait((cell,), seen, control, max_wait_ms=200)
+        during = counted - before
+    finally:
+        done.set()
+        counter.join()
+    assert during > 100_000  # the counting thread ran freely for the 200 ms of the wait
+
+
+@needs_poll
+@pytest.mark.parametrize("bad", [
+    ((array("i", [0]),), array("q", [0]), array("q", [0, 0])),  # not 8-byte items
+    ((array("q", [0]),), array("q", []), array("q", [0, 0])),  # seen shorter than cells
+    ((array("q", [0]),), array("q", [0]), array("q", [0])),  # control needs two items
+    ((b"12345678",), array("q", [0]), array("q", [0, 0])),  # not an array('q')
+])  # fmt: skip
+def test_wait_rejects_bad_cells(bad: tuple[object, object, object]) -> None:
+    with pytest.raises((TypeError, BufferError)):
+        _watchdog.GIL_FREE_WAIT(*bad, 20 * MS, MS, MS)
+    with pytest.raises(ValueError):
+        _watchdog.GIL_FREE_WAIT((), array("q"), array("q", [0, 0]), 20 * MS, 0, MS)
+
+
+@needs_poll
+def test_a_busy_healthy_loop_does_not_wake_the_watchdog() -> None:
+    # Polling in Python takes the GIL every threshold / 2 (here 50 times in half a second),
+    # and each of those waits costs the loop thread a futex wake-up per GIL release.
+    watchdog = Watchdog(threshold_ms=20)
+
+    async def busy() -> None:
+        state = _loop.thread_state()
+        watchdog.watch(state)
+        deadline = time.perf_counter() + 0.5
+        while time.perf_counter() < deadline:  # short slices, one after another
+            _loop.slice_begin(state, time.perf_counter_ns())
+            sum(range(200))
+            _loop.slice_end(state, time.perf_counter_ns(), True)
+            await asyncio.sleep(0)
+
+    try:
+        asyncio.run(busy())
+        assert watchdog.wakes <= 3
+    finally:
+        watchdog.stop()
