@@ -13,7 +13,7 @@ model with one real suspension, serialize). Variants:
 - tracekit-nogc: as tracekit, with the garbage collector paused (to measure its share)
 
 ``--compare`` runs chosen variants only, among them diagnostic ones (see ``_alter``):
-tracekit-unbuilt, tracekit-inline, tracekit-nowatchdog.
+tracekit-unbuilt, tracekit-inline, tracekit-nowatchdog, tracekit-pythonpoll.
 
 Time per request = (wall time of N requests + flushing everything queued) / N, and also
 process CPU time (all threads: span building and export included) / N. Variants run in
@@ -164,31 +164,45 @@ def variant(name: str, chunks: int = 0) -> tuple[Any, Any]:
     return tracekit.TracekitMiddleware(make_app(True, chunks)), flush
 
 
-def _alter(runtime: _runtime.Runtime, change: str) -> None:
-    """The diagnostic variants (``--compare``), each tracekit with one thing changed:
+def _alter(runtime: _runtime.Runtime, changes: str) -> None:
+    """The diagnostic variants (``--compare``), each tracekit with one thing changed, or
+    several joined by ``+`` (``tracekit-unbuilt+pythonpoll``):
 
     - unbuilt:     finished requests are dropped, never built into spans (the request path alone)
     - inline:      spans are built and delivered on the request path, right after the response
     - nowatchdog:  no watchdog thread
+    - pythonpoll:  the watchdog polls in Python, taking the GIL every 10 ms (its fallback when
+                   tracekit/_slicewatch.c is not built), instead of without the GIL
     """
-    if change == "unbuilt":
-        runtime.submit = lambda request: request.release()  # type: ignore[method-assign]
-    elif change == "inline":
-        from tracekit import _spans
+    for change in changes.split("+"):
+        if change == "unbuilt":
+            runtime.submit = lambda request: request.release()  # type: ignore[method-assign]
+        elif change == "inline":
+            from tracekit import _spans
 
-        scope = _spans.instrumentation_scope()
+            scope = _spans.instrumentation_scope()
 
-        def build_now(request: Any) -> None:
-            try:
-                runtime._deliver(_spans.build(request, runtime.resource, scope))
-            finally:
-                request.release()
+            def build_now(request: Any) -> None:
+                try:
+                    runtime._deliver(_spans.build(request, runtime.resource, scope))
+                finally:
+                    request.release()
 
-        runtime.submit = build_now  # type: ignore[method-assign]
-    elif change == "nowatchdog":
-        runtime.watchdog = None
-    elif change not in ("", "dropped"):
-        raise SystemExit(f"unknown variant: tracekit-{change}")
+            runtime.submit = build_now  # type: ignore[method-assign]
+        elif change == "nowatchdog":
+            runtime.watchdog = None
+        elif change == "pythonpoll":
+            runtime.watchdog.gil_free_wait = None
+        elif change not in ("", "dropped"):
+            raise SystemExit(f"unknown variant: tracekit-{change}")
+
+
+def retire() -> None:
+    """Uninstall the variant's runtime and stop its threads (its watchdog would poll on, in
+    every later variant of the process)."""
+    runtime = _runtime.install(None)
+    if runtime is not None:
+        runtime.shutdown()
 
 
 BACKLOG: list[int] = []  # tracekit variants: requests still waiting for span building at the end
@@ -217,7 +231,7 @@ def measure(name: str, n: int, path: str = "/chat", chunks: int = 0) -> tuple[fl
     finally:
         gc.enable()
         loop.close()
-        _runtime.install(None)
+        retire()
     return wall / n * 1e6, cpu / n * 1e6
 
 
@@ -260,7 +274,7 @@ def soak(total: int) -> dict[str, float]:
         dropped = runtime.dropped
     finally:
         loop.close()
-        _runtime.install(None)
+        retire()
     return {"requests": total, "rss_before_mb": before / 2**20, "rss_after_mb": after / 2**20,
             "growth_mb": (after - before) / 2**20, "dropped_requests": dropped}  # fmt: skip
 

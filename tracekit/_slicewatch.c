@@ -42,7 +42,9 @@ get_cell(PyObject *obj, Py_buffer *view, Py_ssize_t min_items, int flags)
     if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | flags) < 0)
         return -1;
     if (view->itemsize != 8 || view->format == NULL || strcmp(view->format, "q") != 0
-            || view->len < min_items * 8 || ((uintptr_t)view->buf & 7) != 0) {
+            || view->len < min_items * 8
+            || (view->len > 0 && ((uintptr_t)view->buf & 7) != 0)) {  /* (an empty array's
+               buffer is a static byte: never read, whatever its alignment) */
         PyBuffer_Release(view);
         PyErr_SetString(PyExc_TypeError, "expected an array('q') with enough items");
         return -1;

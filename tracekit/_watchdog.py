@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from tracekit import _clock
+from tracekit._failsafe import internal_error
 from tracekit._loop import ThreadState
 from tracekit._summary import short_path
 
@@ -76,6 +77,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.wakes = 0  # times the thread held the GIL to poll (tests check the GIL-free poll)
+        self.gil_free_wait = GIL_FREE_WAIT  # None: poll in Python (set before the first watch)
         # The GIL-free poll: [stop, generation]; a change ends a wait (see _slicewatch.c).
         self._control = array("q", [0, 0])
         self._reported: dict[int, int] = {}  # thread ident -> last slice start the C poll gave
@@ -85,7 +87,7 @@ class Watchdog:
         with self._lock:
             self._watched[state.ident or 0] = state
             state.watched = self
-            if GIL_FREE_WAIT is not None and state.cell is None:
+            if self.gil_free_wait is not None and state.cell is None:
                 state.cell = array("q", [state.slice_start])
             self._control[1] += 1  # the running wait picks the new cell up
             if self._thread is None:
@@ -99,8 +101,8 @@ class Watchdog:
 
     def _run(self) -> None:
         interval = max(self.threshold_ns / 2e9, 0.001)
-        if GIL_FREE_WAIT is not None:
-            self._run_gil_free(int(interval * 1e9))
+        if self.gil_free_wait is not None:
+            self._run_gil_free(self.gil_free_wait, int(interval * 1e9))
             return
         while not self._stop.wait(interval):
             self.wakes += 1
@@ -108,15 +110,21 @@ class Watchdog:
             if time.monotonic() - self._pruned_at > PRUNE_S:
                 self._prune()
 
-    def _run_gil_free(self, interval_ns: int) -> None:
+    def _run_gil_free(self, wait: Any, interval_ns: int) -> None:
         max_wait_ns = int(PRUNE_S * 1e9)
         while not self._stop.is_set():
             with self._lock:
-                states = [s for s in self._watched.values() if s.cell is not None]
-            cells = tuple(state.cell for state in states)
+                watched = [(state, state.cell) for state in self._watched.values()]
+            states = [state for state, cell in watched if cell is not None]
+            cells = tuple(cell for _, cell in watched if cell is not None)
             seen = array("q", [self._reported.get(state.ident or 0, 0) for state in states])
-            over = GIL_FREE_WAIT(cells, seen, self._control, self.threshold_ns, interval_ns,
-                                 max_wait_ns)  # fmt: skip
+            try:
+                over = wait(cells, seen, self._control, self.threshold_ns, interval_ns, max_wait_ns)
+            except Exception:  # never expected; the Python poll still works
+                internal_error("watchdog poll")
+                self.gil_free_wait = None
+                self._run()
+                return
             self.wakes += 1
             for i in over:  # one report per slice (its start), whatever the check below says
                 self._reported[states[i].ident or 0] = seen[i]

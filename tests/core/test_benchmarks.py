@@ -39,6 +39,7 @@ def test_thread_cpu_reports_every_variant_by_thread() -> None:
 
 def test_compare_runs_the_diagnostic_variants() -> None:
     out = _run("bench/overhead.py", "--compare", "tracekit,tracekit-unbuilt,tracekit-inline,"
-               "tracekit-nowatchdog", "--requests", "300", "--rounds", "1")  # fmt: skip
+               "tracekit-nowatchdog,tracekit-pythonpoll", "--requests", "300", "--rounds", "1")  # fmt: skip
     names = [line.split()[0] for line in out.splitlines()]
-    assert names == ["bare", "tracekit", "tracekit-unbuilt", "tracekit-inline", "tracekit-nowatchdog"]
+    assert names == ["bare", "tracekit", "tracekit-unbuilt", "tracekit-inline", "tracekit-nowatchdog",
+                     "tracekit-pythonpoll"]

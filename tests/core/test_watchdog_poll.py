@@ -51,6 +51,12 @@ def test_wait_reports_a_slice_past_the_threshold_once() -> None:
 
 
 @needs_poll
+def test_wait_with_no_cells_sleeps_until_max_wait() -> None:
+    over, took = _wait((), array("q"), array("q", [0, 0]), max_wait_ms=60)
+    assert over == [] and took >= 55
+
+
+@needs_poll
 def test_wait_ends_on_a_new_generation_or_stop() -> None:
     cell, seen = array("q", [0]), array("q", [0])
     for index, value in ((1, 7), (0, 1)):  # a thread was watched; stop
@@ -119,5 +125,22 @@ def test_a_busy_healthy_loop_does_not_wake_the_watchdog() -> None:
     try:
         asyncio.run(busy())
         assert watchdog.wakes <= 3
+    finally:
+        watchdog.stop()
+
+
+def test_a_failing_gil_free_poll_falls_back_to_polling_in_python(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: object) -> list[int]:
+        raise TypeError("broken")
+
+    watchdog = Watchdog(threshold_ms=20)
+    watchdog.gil_free_wait = broken
+    try:
+        watchdog.watch(_loop.thread_state())
+        deadline = time.monotonic() + 5
+        while watchdog.wakes < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watchdog.wakes >= 3 and watchdog.gil_free_wait is None
+        assert "watchdog poll" in caplog.text
     finally:
         watchdog.stop()
