@@ -178,23 +178,28 @@ def _alter(runtime: _runtime.Runtime, changes: str) -> None:
         if change == "unbuilt":
             runtime.submit = lambda request: request.release()  # type: ignore[method-assign]
         elif change == "inline":
-            from tracekit import _spans
-
-            scope = _spans.instrumentation_scope()
-
-            def build_now(request: Any) -> None:
-                try:
-                    runtime._deliver(_spans.build(request, runtime.resource, scope))
-                finally:
-                    request.release()
-
-            runtime.submit = build_now  # type: ignore[method-assign]
+            runtime.submit = _build_now(runtime)  # type: ignore[method-assign]
         elif change == "nowatchdog":
             runtime.watchdog = None
         elif change == "pythonpoll":
             runtime.watchdog.gil_free_wait = None
         elif change not in ("", "dropped"):
             raise SystemExit(f"unknown variant: tracekit-{change}")
+
+
+def _build_now(runtime: _runtime.Runtime) -> Any:
+    """A ``submit`` that builds and delivers the spans on the spot (the ``inline`` variant)."""
+    from tracekit import _spans
+
+    scope = _spans.instrumentation_scope()
+
+    def build_now(request: Any) -> None:
+        try:
+            runtime._deliver(_spans.build(request, runtime.resource, scope))
+        finally:
+            request.release()
+
+    return build_now
 
 
 def retire() -> None:
