@@ -3,7 +3,9 @@
 Finished :class:`~tracekit._request.Request` records are appended to a deque on the request
 path (~0.1 µs) and turned into OpenTelemetry ``ReadableSpan`` objects on a background thread
 that wakes every ``DRAIN_INTERVAL_S`` (never per request: a wake-up per request would make the
-two threads fight for the GIL). The spans then go to the SDK span processor (a
+two threads fight for the GIL); only when the builder falls far behind a saturated loop does
+the request path build a couple of queued requests itself. The spans then go to the SDK span
+processor (a
 ``BatchSpanProcessor`` exporting on its own thread) and to any active ``tracekit.record()``.
 
 Only ``configure()``/``record()`` create a runtime, and they import the SDK; this module
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -29,11 +32,18 @@ from tracekit._failsafe import internal_error, logger
 from tracekit._request import Request, new_trace_id
 
 DRAIN_INTERVAL_S = 0.05
-# Finished requests waiting for the span-building thread. Beyond MAX_QUEUE new ones are dropped
-# (counted in Runtime.dropped, logged once): memory stays bounded (~0.6 kB a request) when the
-# loop is saturated and the builder cannot keep up. At WAKE_AT the builder is woken early.
+# Finished requests waiting for the span-building thread. At WAKE_AT the builder is woken
+# early. Past HELP_AT it is losing the GIL to a saturated loop (a thread waiting for the GIL
+# rarely wins it from one that releases and retakes it around every select): the submitting
+# thread then builds the two oldest queued requests itself, so the backlog shrinks. Under one
+# GIL a second thread adds no parallelism, so this costs the process no more than the
+# builder would (measured: docs/performance.md). Beyond MAX_QUEUE new requests are dropped
+# (counted in Runtime.dropped, logged once), the last resort that bounds memory
+# (~0.6 kB a request).
 MAX_QUEUE = 8192
 WAKE_AT = 1024
+HELP_AT = 2048
+HELP_COUNT = 2
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -58,11 +68,14 @@ class Runtime:
         self.owns_processor = owns_processor
         self.dropped = 0
         self._queue: deque[Request] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by a drainer around each request it builds
+        self._count_lock = threading.Lock()
+        self._helping = 0  # submitters building queued requests right now (see _help)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._scope: Any = None
+        self._spans: Any = None  # tracekit._spans, imported on first use (it imports the SDK)
         self.watchdog: Any = None
         self._sync_multi = _sync_multi() if processor is not None else None
         _live.add(self)
@@ -101,12 +114,32 @@ class Runtime:
         queue.append(request)
         if waiting == WAKE_AT:
             self._wake.set()
+        elif waiting >= HELP_AT:
+            self._help()
         if self._thread is None:
             self._start_thread()
+
+    def _help(self) -> None:
+        """Build the oldest queued requests here (the builder is falling behind).
+
+        Without the builder's lock: a builder starved of the GIL may hold it for as long as
+        the loop keeps the GIL. ``_helping`` counts helpers at work, for :meth:`flush`."""
+        with self._count_lock:
+            self._helping += 1
+        try:
+            for _ in range(HELP_COUNT):
+                if not self._build_one():
+                    break
+        finally:
+            with self._count_lock:
+                self._helping -= 1
 
     def flush(self, timeout_ms: int = 30_000) -> None:
         """Build spans for every queued request now, then flush the span processor."""
         self._drain()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while self._helping and time.monotonic() < deadline:  # another thread is helping
+            time.sleep(0.001)
         if self.processor is not None:
             try:
                 self.processor.force_flush(timeout_ms)
@@ -142,22 +175,35 @@ class Runtime:
             self._drain()
 
     def _drain(self) -> None:
-        from tracekit import _spans  # the SDK, only once something is recorded
+        """Build every queued request. The lock is held per request: a request the builder
+        popped is delivered before a flush finds the queue empty and returns."""
+        lock = self._lock
+        while True:
+            with lock:
+                if not self._build_one():
+                    return
 
-        with self._lock:
-            if self._scope is None:
-                self._scope = _spans.instrumentation_scope()
-            queue = self._queue
-            while queue:
-                request = queue.popleft()
-                try:
-                    spans = _spans.build(request, self.resource, self._scope)
-                except Exception:
-                    internal_error("span building")
-                    continue
-                finally:
-                    request.release()
-                self._deliver(spans)
+    def _build_one(self) -> bool:
+        """Build and deliver the oldest queued request; False when none is queued."""
+        spans_module = self._spans
+        if spans_module is None:
+            from tracekit import _spans  # the SDK, only once something is recorded
+
+            spans_module = self._spans = _spans
+            self._scope = _spans.instrumentation_scope()
+        try:
+            request = self._queue.popleft()
+        except IndexError:
+            return False
+        try:
+            spans = spans_module.build(request, self.resource, self._scope)
+        except Exception:
+            internal_error("span building")
+            return True
+        finally:
+            request.release()
+        self._deliver(spans)
+        return True
 
     def _deliver(self, spans: list[Any]) -> None:
         processor = self.processor
