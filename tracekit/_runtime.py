@@ -33,16 +33,14 @@ from tracekit._request import Request, new_trace_id
 
 DRAIN_INTERVAL_S = 0.05
 # Finished requests waiting for the span-building thread. At WAKE_AT the builder is woken
-# early. Past HELP_AT it is losing the GIL to a saturated loop (a thread waiting for the GIL
-# rarely wins it from one that releases and retakes it around every select): the submitting
-# thread then builds the two oldest queued requests itself, so the backlog shrinks. Under one
-# GIL a second thread adds no parallelism, so this costs the process no more than the
-# builder would (measured: docs/performance.md). Beyond MAX_QUEUE new requests are dropped
-# (counted in Runtime.dropped, logged once), the last resort that bounds memory
-# (~0.6 kB a request).
+# early. Past half of MAX_QUEUE it is losing the GIL to a saturated loop (a thread waiting for
+# the GIL rarely wins it from one that releases and retakes it around every select): the
+# submitting thread then builds the two oldest queued requests itself, so the backlog
+# shrinks instead of reaching MAX_QUEUE, where new requests would be dropped (counted in
+# Runtime.dropped, logged once): the bound on memory (~0.6 kB a request). The builder thread
+# stays the first choice: its work overlaps the loop thread's system calls.
 MAX_QUEUE = 8192
 WAKE_AT = 1024
-HELP_AT = 2048
 HELP_COUNT = 2
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -114,7 +112,7 @@ class Runtime:
         queue.append(request)
         if waiting == WAKE_AT:
             self._wake.set()
-        elif waiting >= HELP_AT:
+        elif waiting >= MAX_QUEUE >> 1:
             self._help()
         if self._thread is None:
             self._start_thread()
