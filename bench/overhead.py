@@ -23,7 +23,8 @@ OTel middleware is also computed within each round (the three variants ran withi
 each other, under the same load) and its median over the rounds reported. Streaming: the cost
 per body chunk is the
 slope between a 1-chunk and a 201-chunk response. Soak: RSS growth over 100,000 traced
-requests after a warm-up, and the growth in objects the garbage collector tracks.
+requests after a warm-up, and the growth in objects the garbage collector tracks (spans
+exported on the spot, so that the SDK's batch queue does not add its own high-water mark).
 
 tracekit's request path is compiled with mypyc where it was built (tracekit/_native.py); the
 results say which build ran ("build"). TRACEKIT_PURE_PYTHON=1 measures the plain-Python one.
@@ -47,7 +48,12 @@ from typing import Any
 import psutil
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -138,12 +144,15 @@ async def drive(app: Any, n: int, path: str = "/chat") -> None:
         await app(dict(scope), receive, send)
 
 
-def variant(name: str, chunks: int = 0) -> tuple[Any, Any]:
-    """(asgi app, flush callable) for a variant; installs its tracing."""
+def variant(name: str, chunks: int = 0, batch: bool = True) -> tuple[Any, Any]:
+    """(asgi app, flush callable) for a variant; installs its tracing (``batch``: through a
+    ``BatchSpanProcessor``, else a ``SimpleSpanProcessor`` that exports on the spot)."""
     if name == "bare":
         return make_app(False, chunks), lambda: None
     exporter = DroppingExporter()
-    processor = BatchSpanProcessor(exporter, max_queue_size=1_000_000)  # never drop: full cost
+    processor: Any = SimpleSpanProcessor(exporter)
+    if batch:
+        processor = BatchSpanProcessor(exporter, max_queue_size=1_000_000)  # never drop: full cost
     provider = TracerProvider(sampler=ALWAYS_OFF if name == "tracekit-dropped" else None)
     provider.add_span_processor(processor)
     if name == "otel":
@@ -259,17 +268,18 @@ def rounds(names: list[str], n: int, count: int, **kw: Any) -> dict[str, dict[st
 
 def soak(total: int) -> dict[str, float]:
     _runtime.MAX_QUEUE = DEFAULT_MAX_QUEUE  # as shipped: a saturated loop may drop (counted)
-    app, flush = variant("tracekit")
+    # Spans exported on the spot: the SDK's batch queue, whose export thread falls behind on a
+    # loop that never idles, would add its own high-water mark (tens of MB) to tracekit's.
+    app, flush = variant("tracekit", batch=False)
     runtime = _runtime.current
     assert runtime is not None
     process = psutil.Process()
     loop = asyncio.new_event_loop()
     try:
-        # Warm-up: caches, arenas, and the queues' high-water mark. On a loop that never
-        # idles the span builder and the SDK's export thread fall behind until flushed, and
-        # memory freed after a high-water mark stays with the allocator: each later batch is
-        # half as long as the warm-up and flushed after it, so RSS can grow only by what
-        # requests leave behind.
+        # Warm-up: caches, arenas, and the backlog's high-water mark. On a loop that never
+        # idles the span builder falls behind until flushed, and memory freed after a
+        # high-water mark stays with the allocator: each later batch is half as long as the
+        # warm-up and flushed after it, so RSS can grow only by what requests leave behind.
         loop.run_until_complete(drive(app, 20_000))
         flush()
         gc.collect()

@@ -66,7 +66,7 @@ class Runtime:
         self.owns_processor = owns_processor
         self.dropped = 0
         self._queue: deque[Request] = deque()
-        self._lock = threading.Lock()  # held by a drainer around each request it builds
+        self._lock = threading.Lock()  # held by a drain (the builder thread's, a flush's)
         self._count_lock = threading.Lock()
         self._helping = 0  # submitters building queued requests right now (see _help)
         self._wake = threading.Event()
@@ -173,13 +173,11 @@ class Runtime:
             self._drain()
 
     def _drain(self) -> None:
-        """Build every queued request. The lock is held per request: a request the builder
-        popped is delivered before a flush finds the queue empty and returns."""
-        lock = self._lock
-        while True:
-            with lock:
-                if not self._build_one():
-                    return
+        """Build every queued request (under the lock: a flush returns only after the
+        builder thread's drain, if one is under way, has delivered what it popped)."""
+        with self._lock:
+            while self._build_one():
+                pass
 
     def _build_one(self) -> bool:
         """Build and deliver the oldest queued request; False when none is queued."""
