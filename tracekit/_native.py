@@ -51,10 +51,15 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 BUILT_FROM = "_compiled_from.txt"  # written by setup.py: "module sha256" per compiled module
 
 
+def pure_python_requested() -> bool:
+    """``TRACEKIT_PURE_PYTHON`` is set: no compiled code (mypyc modules, the C poll) is used."""
+    return os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0")
+
+
 def load() -> None:
     """Decide, as ``import tracekit`` starts, between the compiled modules and the sources."""
     reason = None
-    if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
+    if pure_python_requested():
         prefer_source()
         return
     stale = _stale()

@@ -34,7 +34,7 @@ from array import array
 from types import FrameType
 from typing import Any
 
-from tracekit import _clock
+from tracekit import _clock, _native
 from tracekit._failsafe import internal_error
 from tracekit._loop import ThreadState
 from tracekit._summary import short_path
@@ -52,7 +52,7 @@ _LIBRARY_DIRS = tuple(
 
 def _gil_free_poll() -> Any:
     """:func:`tracekit._slicewatch.wait`, if built, wanted and on ``perf_counter_ns``'s clock."""
-    if os.environ.get("TRACEKIT_PURE_PYTHON", "").strip() not in ("", "0"):
+    if _native.pure_python_requested():
         return None
     try:
         from tracekit import _slicewatch

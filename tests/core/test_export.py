@@ -417,9 +417,10 @@ def test_span_contexts_are_built_directly_on_this_sdk() -> None:
 
 def test_a_starved_span_builder_is_helped_by_the_request_path(
         otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    # On a loop that never idles the span-building thread loses the GIL race (it measured 50-74 %
-    # of a 100,000-request soak dropped): past half of MAX_QUEUE queued requests, each finished
-    # request builds the oldest two itself, so the backlog stops growing and nothing is dropped.
+    # On a loop that never idles the span-building thread loses the GIL race (42-74 % of a
+    # 100,000-request soak dropped, docs/performance.md): past half of MAX_QUEUE queued
+    # requests, each finished request builds the oldest two itself, so the backlog stops
+    # growing and nothing is dropped.
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
