@@ -37,6 +37,9 @@ _KINDS: dict[Any, str] = {kind: kind for kind in semconv.STAGE_KINDS}
 _SHARE_MAX_CHARS = 200
 _SHARED: dict[str, str] = {}
 _SHARED_MAX = 8192
+#: The shared string equal to a text, or ``None``: ``shared(text) or share(text)`` is
+#: :func:`share` with its common case (a hit) inline. (Clearing keeps the same dict.)
+shared = _SHARED.get
 _BY_START = attrgetter("start_ns", "span_id")
 
 #: Attributes whose values assembly decodes into record fields (see :func:`compact`).
