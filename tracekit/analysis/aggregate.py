@@ -122,8 +122,8 @@ class Aggregator:
             if key > sample[0][:3]:  # earlier than the latest kept one
                 heapq.heapreplace(sample, self._entry(req))
 
-    def _entry(self, req: RequestRecord) -> _Entry:
-        payload: RequestRecord | bytes = compact(req)
+    def _entry(self, req: RequestRecord, *, compacted: bool = False) -> _Entry:
+        payload: RequestRecord | bytes = req if compacted else compact(req)
         if self.pack_sample:
             payload = pack(payload)
         return (*sample_key(req), id(payload), payload)
@@ -174,8 +174,8 @@ class Aggregator:
         """Offer already compacted (or packed) requests to the sample, not to the statistics."""
         for req in requests:
             if type(req) is bytes:
-                req = reshare(unpack(req, RequestRecord))
-            entry = self._entry(req)  # type: ignore[arg-type]
+                req = reshare(unpack(req, RequestRecord))  # compacted, as it was packed
+            entry = self._entry(req, compacted=True)  # type: ignore[arg-type]
             if len(self._sample) < self.sample_size:
                 heapq.heappush(self._sample, entry)
             elif self._sample and entry[:3] > self._sample[0][:3]:
