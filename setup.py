@@ -1,7 +1,8 @@
 """Builds tracekit, compiling its request-path modules with mypyc when it can.
 
 The package metadata is in pyproject.toml; this file only adds the compiled modules (listed in
-tracekit/_native.py, which explains why) and the watchdog's C poll (tracekit/_slicewatch.c).
+tracekit/_native.py, which explains why) and two C helpers: the watchdog's poll
+(tracekit/_slicewatch.c) and the OTLP reader's attribute loop (tracekit/analysis/_otlp_attributes.c).
 They are optional: without a C compiler, or with TRACEKIT_PURE_PYTHON=1 set, or if mypyc
 fails, tracekit installs as plain Python.
 """
@@ -46,12 +47,18 @@ def ext_modules() -> list[object]:
 
 
 def c_modules() -> list[object]:
-    """The watchdog's GIL-free poll (tracekit/_slicewatch.c; POSIX): optional, like the rest."""
-    if os.name != "posix":
-        return []
+    """The C helpers, optional like the rest: the OTLP reader's attribute loop
+    (tracekit/analysis/_otlp_attributes.c) and the watchdog's GIL-free poll
+    (tracekit/_slicewatch.c; POSIX)."""
     from setuptools import Extension
 
-    return [Extension("tracekit._slicewatch", ["tracekit/_slicewatch.c"], optional=True)]
+    modules = [
+        Extension("tracekit.analysis._otlp_attributes", ["tracekit/analysis/_otlp_attributes.c"],
+                  optional=True),
+    ]  # fmt: skip
+    if os.name == "posix":
+        modules.append(Extension("tracekit._slicewatch", ["tracekit/_slicewatch.c"], optional=True))
+    return modules
 
 
 def mypyc_modules() -> list[object]:

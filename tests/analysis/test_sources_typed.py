@@ -8,15 +8,21 @@ generic reader must have skipped, cut and refused nothing there.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.helpers import gen_traces
+from tracekit.analysis import _otlp_typed
 from tracekit.analysis._otlp_json import is_otlp, otlp_spans
 from tracekit.analysis._otlp_typed import typed_spans
 from tracekit.analysis._source_common import MAX_ARRAY_ITEMS, MAX_VALUE_CHARS, ReadStats
@@ -39,6 +45,7 @@ def generic(line: bytes) -> tuple[list[Span], ReadStats] | str:
 
 def check(line: bytes) -> bool:
     """Assert the fast path is exact on ``line``; whether it took the line."""
+    attribute_loops_agree(line)
     fast = typed_spans(line)
     if fast is None:
         return False
@@ -48,6 +55,60 @@ def check(line: bytes) -> bool:
     assert (stats.skipped, stats.truncated) == (0, 0), stats.reasons
     assert fast == spans
     return True
+
+
+def attribute_loops_agree(line: bytes) -> None:
+    """Assert the C attribute loop (where built) gives what the Python one gives on every
+    attribute list of ``line``: the same keys, values and value types, or the same error."""
+    if _otlp_typed.attributes is _otlp_typed.python_attributes:
+        return  # the C loop is not built here
+    try:
+        doc = _otlp_typed._DECODER.decode(line)
+    except msgspec.DecodeError:
+        return
+    for kvs in attribute_lists(doc):
+        assert outcome(_otlp_typed.attributes, kvs) == outcome(_otlp_typed.python_attributes, kvs)
+
+
+def attribute_lists(doc: Any) -> Iterator[Any]:
+    for rs in doc.resourceSpans or ():
+        if rs.resource is not None and rs.resource.attributes:
+            yield rs.resource.attributes
+        scopes = rs.scopeSpans if rs.scopeSpans is not msgspec.UNSET else rs.instrumentationLibrarySpans
+        for scope in scopes or ():
+            for span in scope.spans or ():
+                if span.attributes:
+                    yield span.attributes
+
+
+def outcome(attributes: Any, kvs: Any) -> Any:
+    """What an attribute loop makes of ``kvs``, with every value's type (1, 1.0 and True
+    are equal in Python), or the type of the error it raises."""
+    try:
+        return typed(attributes(kvs))
+    except Exception as exc:
+        return type(exc)
+
+
+def typed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ("dict", [(k, typed(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [typed(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def test_the_c_attribute_loop_is_used_where_built() -> None:
+    # `make test` builds it (TRACEKIT_REQUIRE_COMPILED): a broken build must not pass as one.
+    if os.environ.get("TRACEKIT_REQUIRE_COMPILED"):
+        assert _otlp_typed.attributes is not _otlp_typed.python_attributes
+
+
+def test_pure_python_asks_for_the_python_attribute_loop() -> None:
+    code = "from tracekit.analysis import _otlp_typed as t; print(t.attributes is t.python_attributes)"
+    env = {**os.environ, "TRACEKIT_PURE_PYTHON": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "True"
 
 
 def test_generated_traces_all_take_the_fast_path(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ to :class:`Span` is one pass over the attributes (figures in ``docs/performance-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -28,7 +29,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from tracekit import semconv
 from tracekit.analysis._otlp_json import _events
-from tracekit.analysis._records import share, shared
+from tracekit.analysis._records import SHARED, share, shared
 from tracekit.analysis._source_common import (
     MAX_ARRAY_ITEMS,
     MAX_ATTRIBUTES,
@@ -227,8 +228,11 @@ def _span(raw: _Span, service: str) -> Span:
     )
 
 
-def attributes(kvs: list[_KeyValue]) -> dict[str, Any]:
+def python_attributes(kvs: list[_KeyValue]) -> dict[str, Any]:
     """Typed attribute values, as the generic reader's ``attributes`` makes them.
+
+    :func:`attributes` is this, or the same loop in C where it is built
+    (``_otlp_attributes.c``, same order and results: the tests compare both).
 
     Keys and short string values are shared strings (:func:`~tracekit.analysis._records.share`):
     the decoder makes a new string for every one, and a span waits in the assembly window
@@ -261,6 +265,23 @@ def attributes(kvs: list[_KeyValue]) -> dict[str, Any]:
         key = kv.key
         out[shared(key) or share(key)] = x
     return out
+
+
+def _c_attributes() -> Callable[[list[_KeyValue]], dict[str, Any]] | None:
+    # The C loop, where built and wanted (TRACEKIT_PURE_PYTHON unset), else None.
+    from tracekit import _native
+
+    if _native.pure_python_requested():
+        return None
+    try:
+        from tracekit.analysis import _otlp_attributes
+
+        _otlp_attributes.configure(
+            _KeyValue, _Value, _Array, _Scalar, UNSET, SHARED, share, _value
+        )
+    except (ImportError, TypeError):  # not built, or msgspec laid its structs out otherwise
+        return None
+    return _otlp_attributes.attributes
 
 
 def _value(value: _Value | _Scalar) -> Any:
@@ -300,3 +321,7 @@ def _array(items: list[_Scalar] | None) -> list[Any]:
         except (AttributeError, ValueError):
             pass  # mixed items: one by one, as the generic reader does
     return [_scalar(item) for item in items]
+
+
+#: The attribute loop: in C where built (:func:`python_attributes` is the reference).
+attributes: Callable[[list[_KeyValue]], dict[str, Any]] = _c_attributes() or python_attributes

@@ -35,11 +35,12 @@ _KINDS: dict[Any, str] = {kind: kind for kind in semconv.STAGE_KINDS}
 # Strings up to this length are shared (a prompt in an attribute is not); the table of shared
 # strings is bounded and cleared when full (sys.intern's table never shrinks).
 _SHARE_MAX_CHARS = 200
-_SHARED: dict[str, str] = {}
+#: The table of shared strings (see :func:`share`, which fills and bounds it).
+SHARED: dict[str, str] = {}
 _SHARED_MAX = 8192
 #: The shared string equal to a text, or ``None``: ``shared(text) or share(text)`` is
 #: :func:`share` with its common case (a hit) inline. (Clearing keeps the same dict.)
-shared = _SHARED.get
+shared = SHARED.get
 _BY_START = attrgetter("start_ns", "span_id")
 
 #: Attributes whose values assembly decodes into record fields (see :func:`compact`).
@@ -136,7 +137,7 @@ def stage_record(span: Span) -> StageRecord:
         )  # fmt: skip
     if type(stage_name) is not str:
         stage_name = str(stage_name)
-    name = _SHARED.get(stage_name) or share(stage_name)
+    name = SHARED.get(stage_name) or share(stage_name)
     # Hot path (one call per stage span): every value in one C-level pass over the keys,
     # the common well-formed float taken inline, anything else through the helpers.
     kind, wall, cpu, wait, loop_wait, children, max_block, on_loop, slices, waits, blocked_at, \
@@ -164,11 +165,11 @@ def stage_record(span: Span) -> StageRecord:
     if blocked_at is not None:
         blocked_at = _text(blocked_at)
     if type(function) is str and function:
-        function = _SHARED.get(function) or share(function)
+        function = SHARED.get(function) or share(function)
     else:
         function = None
     if type(namespace) is str and namespace:
-        namespace = _SHARED.get(namespace) or share(namespace)
+        namespace = SHARED.get(namespace) or share(namespace)
     else:
         namespace = None
     return StageRecord(
@@ -215,7 +216,7 @@ def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
         for v in map(get, _REQUEST_MS)
     ]
     return RequestRecord(
-        span.trace_id, span.span_id, span.service, _SHARED.get(route) or share(route),
+        span.trace_id, span.span_id, span.service, SHARED.get(route) or share(route),
         start, span.end_ns if span.end_ns > start else start,
         status, span.error or (status is not None and status >= 500), instrumented,
         ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], _text(get(semconv.BLOCKED_AT)),
@@ -377,7 +378,7 @@ def _flag(value: Any) -> bool | None:
 
 
 def _text(value: Any) -> str | None:
-    return (_SHARED.get(value) or share(value)) if type(value) is str and value else None
+    return (SHARED.get(value) or share(value)) if type(value) is str and value else None
 
 
 def share(text: str) -> str:
@@ -388,11 +389,11 @@ def share(text: str) -> str:
     """
     if len(text) > _SHARE_MAX_CHARS:
         return text
-    shared = _SHARED.get(text)
+    shared = SHARED.get(text)
     if shared is None:
-        if len(_SHARED) >= _SHARED_MAX:
-            _SHARED.clear()
-        shared = _SHARED[text] = text
+        if len(SHARED) >= _SHARED_MAX:
+            SHARED.clear()
+        shared = SHARED[text] = text
     return shared
 
 
