@@ -389,12 +389,12 @@ def share(text: str) -> str:
     """
     if len(text) > _SHARE_MAX_CHARS:
         return text
-    shared = SHARED.get(text)
-    if shared is None:
+    hit = SHARED.get(text)
+    if hit is None:
         if len(SHARED) >= _SHARED_MAX:
             SHARED.clear()
-        shared = SHARED[text] = text
-    return shared
+        hit = SHARED[text] = text
+    return hit
 
 
 def _status(a: dict[str, Any]) -> int | None:
