@@ -353,6 +353,10 @@ same command in one process, for the same report). Where the CPU time goes, in o
    the interval can be missed; the largest single process's own peak, `ru_maxrss`, is exact
    and listed beside it). Each command runs {repeat} times; the fastest run is reported and
    all runs are listed.
+3. To compare two versions of the code, time them in alternation, not apart:
+   `python bench/analyze_ab.py --old REV --file FILE` runs `tracekit analyze` of a worktree
+   of `REV` and of the checkout back to back, round after round, reports the ratio within
+   each round and checks that both give the same report.
 
 ## What the analyzer does (and why it is this fast)
 
