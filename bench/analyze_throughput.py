@@ -406,7 +406,8 @@ same command in one process, for the same report). Where the CPU time goes, in o
    cache is shared with other jobs. `bench/record_locality.py` times record building on
    spans in cache and on spans read long before: a stage record took 2.6-2.8x as long from
    the latter with the decoder's strings, 1.7-1.8x with shared ones (a request record
-   3.3-3.5x and 2.1x; two runs each, alternating).
+   3.3-3.5x and 2.1x; two runs each, alternating; the decoder's strings: the same script run
+   from outside the checkout with `PYTHONPATH` set to a worktree of af2fdab).
 5. **Memory stays bounded** (DESIGN §6): per process, at most the open traces (a window of
    10,000 spans after their roots), per route and stage counters and percentile structures
    (exact up to 2,048 values, then a 1% log histogram), and a sample of the 20,000 earliest

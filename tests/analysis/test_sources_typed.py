@@ -260,6 +260,6 @@ def test_a_held_span_shares_its_attribute_keys_and_short_texts(tmp_path: Path) -
     assert list(first.attributes) == list(second.attributes)
     assert all(a is b for a, b in zip(first.attributes, second.attributes, strict=True))
     assert first.name is second.name
-    # Measured here: 1,089 bytes a span with shared strings, 2,284 with the decoder's copies.
+    # This test's figure: 1,089 bytes a span; 2,284 with the sharing in _otlp_typed reverted.
     assert per_span < 1_600, f"{per_span:.0f} bytes held per span"
 

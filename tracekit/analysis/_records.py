@@ -137,7 +137,7 @@ def stage_record(span: Span) -> StageRecord:
         )  # fmt: skip
     if type(stage_name) is not str:
         stage_name = str(stage_name)
-    name = SHARED.get(stage_name) or share(stage_name)
+    name = shared(stage_name) or share(stage_name)
     # Hot path (one call per stage span): every value in one C-level pass over the keys,
     # the common well-formed float taken inline, anything else through the helpers.
     kind, wall, cpu, wait, loop_wait, children, max_block, on_loop, slices, waits, blocked_at, \
@@ -165,11 +165,11 @@ def stage_record(span: Span) -> StageRecord:
     if blocked_at is not None:
         blocked_at = _text(blocked_at)
     if type(function) is str and function:
-        function = SHARED.get(function) or share(function)
+        function = shared(function) or share(function)
     else:
         function = None
     if type(namespace) is str and namespace:
-        namespace = SHARED.get(namespace) or share(namespace)
+        namespace = shared(namespace) or share(namespace)
     else:
         namespace = None
     return StageRecord(
@@ -216,7 +216,7 @@ def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
         for v in map(get, _REQUEST_MS)
     ]
     return RequestRecord(
-        span.trace_id, span.span_id, span.service, SHARED.get(route) or share(route),
+        span.trace_id, span.span_id, span.service, shared(route) or share(route),
         start, span.end_ns if span.end_ns > start else start,
         status, span.error or (status is not None and status >= 500), instrumented,
         ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], _text(get(semconv.BLOCKED_AT)),
@@ -378,7 +378,7 @@ def _flag(value: Any) -> bool | None:
 
 
 def _text(value: Any) -> str | None:
-    return (SHARED.get(value) or share(value)) if type(value) is str and value else None
+    return (shared(value) or share(value)) if type(value) is str and value else None
 
 
 def share(text: str) -> str:
