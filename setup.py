@@ -1,8 +1,9 @@
 """Builds tracekit, compiling its request-path modules with mypyc when it can.
 
 The package metadata is in pyproject.toml; this file only adds the compiled modules (listed in
-tracekit/_native.py, which explains why) and two C helpers: the watchdog's poll
-(tracekit/_slicewatch.c) and the OTLP reader's attribute loop (tracekit/analysis/_otlp_attributes.c).
+tracekit/_native.py, which explains why) and three C helpers: the watchdog's poll
+(tracekit/_slicewatch.c), the OTLP reader's line scanner (tracekit/analysis/_otlp_scan.c) and
+its attribute loop (tracekit/analysis/_otlp_attributes.c).
 They are optional: without a C compiler, or with TRACEKIT_PURE_PYTHON=1 set, or if mypyc
 fails, tracekit installs as plain Python.
 """
@@ -47,13 +48,15 @@ def ext_modules() -> list[object]:
 
 
 def c_modules() -> list[object]:
-    """The C helpers, optional like the rest: the OTLP reader's attribute loop
-    (tracekit/analysis/_otlp_attributes.c) and the watchdog's GIL-free poll
+    """The C helpers, optional like the rest: the OTLP reader's line scanner and attribute loop
+    (tracekit/analysis/_otlp_scan.c, _otlp_attributes.c) and the watchdog's GIL-free poll
     (tracekit/_slicewatch.c; POSIX)."""
     from setuptools import Extension
 
     modules = [
         Extension("tracekit.analysis._otlp_attributes", ["tracekit/analysis/_otlp_attributes.c"],
+                  optional=True),
+        Extension("tracekit.analysis._otlp_scan", ["tracekit/analysis/_otlp_scan.c"],
                   optional=True),
     ]  # fmt: skip
     if os.name == "posix":

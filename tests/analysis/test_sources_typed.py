@@ -46,6 +46,7 @@ def generic(line: bytes) -> tuple[list[Span], ReadStats] | str:
 def check(line: bytes) -> bool:
     """Assert the fast path is exact on ``line``; whether it took the line."""
     attribute_loops_agree(line)
+    scanner_agrees(line)
     fast = typed_spans(line)
     if fast is None:
         return False
@@ -55,6 +56,28 @@ def check(line: bytes) -> bool:
     assert (stats.skipped, stats.truncated) == (0, 0), stats.reasons
     assert fast == spans
     return True
+
+
+def scanner_agrees(line: bytes) -> bool:
+    """Assert the C line scanner (where built), when it takes ``line``, gives the struct
+    path's spans: every field, and every attribute value with its type. Whether it took it."""
+    if _otlp_typed.scan is None:
+        return False
+    try:
+        line.decode()  # typed_spans checks the UTF-8 before the scanner runs
+    except UnicodeDecodeError:
+        return False
+    scanned = _otlp_typed.scan(line)
+    if scanned is None:
+        return False
+    reference = _otlp_typed.struct_spans(line)
+    assert reference is not None, "the scanner took a line the struct path refuses"
+    assert [fields(s) for s in scanned] == [fields(s) for s in reference]
+    return True
+
+
+def fields(span: Span) -> list[Any]:
+    return [(name, typed(getattr(span, name))) for name in span.__struct_fields__]
 
 
 def attribute_loops_agree(line: bytes) -> None:
@@ -104,11 +127,19 @@ def test_the_c_attribute_loop_is_used_where_built() -> None:
         assert _otlp_typed.attributes is not _otlp_typed.python_attributes
 
 
-def test_pure_python_asks_for_the_python_attribute_loop() -> None:
-    code = "from tracekit.analysis import _otlp_typed as t; print(t.attributes is t.python_attributes)"
+def test_the_c_line_scanner_is_used_where_built() -> None:
+    if os.environ.get("TRACEKIT_REQUIRE_COMPILED"):
+        assert _otlp_typed.scan is not None
+
+
+def test_pure_python_asks_for_the_python_attribute_loop_and_no_scanner() -> None:
+    code = (
+        "from tracekit.analysis import _otlp_typed as t; "
+        "print(t.attributes is t.python_attributes, t.scan is None)"
+    )
     env = {**os.environ, "TRACEKIT_PURE_PYTHON": "1"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "True"
+    assert result.stdout.strip() == "True True"
 
 
 def test_generated_traces_all_take_the_fast_path(tmp_path: Path) -> None:
@@ -116,16 +147,36 @@ def test_generated_traces_all_take_the_fast_path(tmp_path: Path) -> None:
     gen_traces().write_jsonl(path, 3_000)
     lines = path.read_bytes().splitlines()
     assert lines and all(check(line) for line in lines)
+    if _otlp_typed.scan is not None:  # and the scanner reads them all, declining none
+        assert all(scanner_agrees(line) for line in lines)
 
 
 def test_the_base_document_takes_the_fast_path() -> None:
     assert check(orjson.dumps(otlp_doc()))
+    # Compact or spaced JSON alike, in the scanner too (which leaves span events to the structs).
+    doc = otlp_doc()
+    assert scanner_agrees(orjson.dumps(doc)) is False
+    del doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"]
+    for line in (orjson.dumps(doc), json.dumps(doc, indent=1).encode()):
+        assert scanner_agrees(line) or _otlp_typed.scan is None
+
+
+def plain_doc() -> dict[str, Any]:
+    """The base document without its span events, which the C scanner leaves to the struct
+    path: mutations of this one go through the scanner."""
+    doc = otlp_doc()
+    del doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["events"]
+    return doc
 
 
 @pytest.mark.parametrize("path", OTLP_PATHS, ids=lambda p: ".".join(map(str, p)))
-def test_every_field_with_every_wrong_type(path: tuple[Any, ...]) -> None:
-    doc = otlp_doc()
-    check(json.dumps(replaced(doc, path, None, delete=True)).encode())
+@pytest.mark.parametrize("make", [otlp_doc, plain_doc], ids=["events", "plain"])
+def test_every_field_with_every_wrong_type(path: tuple[Any, ...], make: Any) -> None:
+    doc = make()
+    try:
+        check(json.dumps(replaced(doc, path, None, delete=True)).encode())
+    except (KeyError, IndexError):
+        return  # a path into the events, which the plain document lacks
     for value in WRONG:
         check(json.dumps(replaced(doc, path, value)).encode())
 
@@ -133,7 +184,7 @@ def test_every_field_with_every_wrong_type(path: tuple[Any, ...]) -> None:
 @FUZZ
 @given(data=st.data())
 def test_random_field_mutations(data: st.DataObject) -> None:
-    doc = otlp_doc()
+    doc = data.draw(st.sampled_from([otlp_doc, plain_doc]))()
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(OTLP_PATHS))
         try:
@@ -144,7 +195,7 @@ def test_random_field_mutations(data: st.DataObject) -> None:
 
 
 def attr_line(value: Any, **span: Any) -> bytes:
-    base = otlp_doc()
+    base = plain_doc()
     target = base["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
     target["attributes"] = [{"key": "k", "value": value}, {"key": "j", "value": {"intValue": 1}}]
     target.update(span)
@@ -263,3 +314,104 @@ def test_a_held_span_shares_its_attribute_keys_and_short_texts(tmp_path: Path) -
     # This test's figure: 1,089 bytes a span; 2,284 with the sharing in _otlp_typed reverted.
     assert per_span < 1_600, f"{per_span:.0f} bytes held per span"
 
+
+# --- the C line scanner: what it reads itself, and what it leaves to the struct path --------
+def scanner_case(edit: Any) -> bytes:
+    doc = plain_doc()
+    rs = doc["resourceSpans"][0]
+    edit(doc, rs, rs["scopeSpans"][0]["spans"][1])
+    return json.dumps(doc, ensure_ascii=False).encode()
+
+
+ODD = {"odd": [1, -2.5, 0, "s", True, False, None, {}, [], {"a": {"b": [{}]}}]}
+
+SCANNED = {
+    "unknown members everywhere": lambda d, rs, sp: (
+        d.update(ODD), rs.update(ODD), rs["resource"].update(ODD), rs["scopeSpans"][0].update(ODD),
+        sp.update(ODD, status={"code": 1, **ODD}, links=[ODD]),
+        sp.update(attributes=[{"key": "k", "x": 1, "value": {"arrayValue": {"values": [], **ODD}}}]),
+    ),
+    "no parent": lambda d, rs, sp: sp.update(parentSpanId=None),
+    "all-zero parent": lambda d, rs, sp: sp.update(parentSpanId="0" * 16),
+    "kind by name": lambda d, rs, sp: sp.update(kind="SPAN_KIND_CLIENT"),
+    "unknown kind": lambda d, rs, sp: sp.update(kind=99),
+    "kind null": lambda d, rs, sp: sp.update(kind=None),
+    "no kind": lambda d, rs, sp: sp.pop("kind"),
+    "error by name": lambda d, rs, sp: sp.update(status={"code": "STATUS_CODE_ERROR", "message": "m"}),
+    "status null": lambda d, rs, sp: sp.update(status=None),
+    "times as numbers": lambda d, rs, sp: sp.update(startTimeUnixNano=2000, endTimeUnixNano=2**63 - 1),
+    "largest time": lambda d, rs, sp: sp.update(endTimeUnixNano=str(2**64 - 1)),
+    "attributes null": lambda d, rs, sp: sp.update(attributes=None),
+    "resource null": lambda d, rs, sp: rs.update(resource=None),
+    "resource without attributes": lambda d, rs, sp: rs.update(resource={}),
+    "no scopes": lambda d, rs, sp: d["resourceSpans"].append({"resource": {}, "scopeSpans": None}),
+    "values": lambda d, rs, sp: sp.update(attributes=[
+        {"key": "n", "value": {"intValue": -(2**63)}}, {"key": "t", "value": {"intValue": "-007"}},
+        {"key": "d", "value": {"doubleValue": 3}}, {"key": "e", "value": {"doubleValue": 2.5e-7}},
+        {"key": "z", "value": {"doubleValue": -0.0}}, {"key": "u", "value": {"stringValue": "é ü 😀"}},
+        {"key": "long", "value": {"stringValue": "x" * 300}}, {"key": "n", "value": {"boolValue": False}},
+        {"key": "mixed", "value": {"arrayValue": {"values": [
+            {"intValue": "1"}, {"doubleValue": 2.5}, {"stringValue": "s"}, {"boolValue": True}]}}},
+        {"key": "none", "value": {"arrayValue": {"values": None}}},
+        {"key": "empty", "value": {"arrayValue": {}}},
+    ]),
+}  # fmt: skip
+
+DECLINED = {
+    "span events": lambda d, rs, sp: sp.update(events=[]),
+    "an escape": lambda d, rs, sp: sp.update(name='say "hi"'),
+    "a duplicate member": None,  # bytes below
+    "resource after the spans": lambda d, rs, sp: rs.update(resource=rs.pop("resource")),
+    "instrumentationLibrarySpans": lambda d, rs, sp: rs.update(instrumentationLibrarySpans=[]),
+    "uppercase id": lambda d, rs, sp: sp.update(spanId="00F067AA0BA902B7"),
+    "short id": lambda d, rs, sp: sp.update(parentSpanId="abc"),
+    "two value fields": lambda d, rs, sp: sp.update(attributes=[
+        {"key": "k", "value": {"stringValue": "s", "intValue": "1"}}]),
+    "kvlist value": lambda d, rs, sp: sp.update(attributes=[{"key": "k", "value": {"kvlistValue": {}}}]),
+    "empty value": lambda d, rs, sp: sp.update(attributes=[{"key": "k", "value": {}}]),
+    "a large int": lambda d, rs, sp: sp.update(attributes=[{"key": "k", "value": {"intValue": "9" * 19}}]),
+    "a spaced int text": lambda d, rs, sp: sp.update(attributes=[{"key": "k", "value": {"intValue": " 1"}}]),
+    "an exponent in an int": lambda d, rs, sp: sp.update(startTimeUnixNano=2e3),
+    "a deep unknown member": lambda d, rs, sp: sp.update(odd=json.loads("[" * 70 + "]" * 70)),
+    "service.name not a text": lambda d, rs, sp: rs["resource"].update(attributes=[
+        {"key": "service.name", "value": {"intValue": 5}}]),
+}  # fmt: skip
+
+
+@pytest.mark.skipif(_otlp_typed.scan is None, reason="the C scanner is not built here")
+@pytest.mark.parametrize("edit", SCANNED.values(), ids=SCANNED.keys())
+def test_the_scanner_reads_these_itself(edit: Any) -> None:
+    line = scanner_case(edit)
+    assert scanner_agrees(line), "declined"
+    assert check(line)
+
+
+@pytest.mark.skipif(_otlp_typed.scan is None, reason="the C scanner is not built here")
+@pytest.mark.parametrize("name", DECLINED.keys())
+def test_the_scanner_leaves_these_to_the_struct_path(name: str) -> None:
+    edit = DECLINED[name]
+    if edit is None:
+        line = scanner_case(lambda d, rs, sp: None).replace(
+            b'"name": "child"', b'"name": "a", "name": "child"'
+        )
+    else:
+        line = scanner_case(edit)
+    assert _otlp_typed.scan is not None and _otlp_typed.scan(line) is None
+    check(line)  # and the struct path, then the generic reader, read it exactly
+
+
+@pytest.mark.skipif(_otlp_typed.scan is None, reason="the C scanner is not built here")
+@FUZZ
+@given(
+    x=st.floats(allow_nan=False, allow_infinity=False),
+    i=st.integers(-(2**63), 2**63 - 1),
+    start=st.integers(1, 2**64 - 1),
+)
+def test_the_scanner_converts_numbers_as_the_structs_do(x: float, i: int, start: int) -> None:
+    line = attr_line(
+        {"doubleValue": x}, startTimeUnixNano=str(start), endTimeUnixNano=str(2**64 - 1),
+        attributes=[{"key": "a", "value": {"intValue": i}}, {"key": "b", "value": {"intValue": str(i)}},
+                    {"key": "c", "value": {"doubleValue": x}}],
+    )  # fmt: skip
+    assert scanner_agrees(line)
+    assert check(line)

@@ -158,9 +158,19 @@ def typed_spans(line: bytes) -> list[Span] | None:
     """
     if not line.isascii():
         try:
-            line.decode()  # msgspec does not check the UTF-8 of the fields it skips
+            line.decode()  # neither msgspec nor the scanner checks the UTF-8 of what they skip
         except UnicodeDecodeError:
             return None
+    if scan is not None:
+        spans = scan(line)
+        if spans is not None:
+            return spans
+    return struct_spans(line)
+
+
+def struct_spans(line: bytes) -> list[Span] | None:
+    """:func:`typed_spans` through msgspec's structs (the scanner's reference, and what reads
+    the lines it declines); ``line``'s UTF-8 is checked already."""
     try:
         doc = _DECODER.decode(line)
         resource_spans = doc.resourceSpans
@@ -276,9 +286,7 @@ def _c_attributes() -> Callable[[list[_KeyValue]], dict[str, Any]] | None:
     try:
         from tracekit.analysis import _otlp_attributes
 
-        _otlp_attributes.configure(
-            _KeyValue, _Value, _Array, _Scalar, UNSET, SHARED, share, _value
-        )
+        _otlp_attributes.configure(_KeyValue, _Value, _Array, _Scalar, UNSET, SHARED, share, _value)
     except (ImportError, TypeError):  # not built, or msgspec laid its structs out otherwise
         return None
     return _otlp_attributes.attributes
@@ -325,3 +333,38 @@ def _array(items: list[_Scalar] | None) -> list[Any]:
 
 #: The attribute loop: in C where built (:func:`python_attributes` is the reference).
 attributes: Callable[[list[_KeyValue]], dict[str, Any]] = _c_attributes() or python_attributes
+
+
+#: Slots of each of the scanner's two string caches (texts, ids): ~80 bytes a string held.
+SCAN_CACHE_SLOTS = 4096
+
+
+def configure_scanner(cache_slots: int = SCAN_CACHE_SLOTS) -> None:
+    """(Re)configure the C scanner, emptying its caches; ``cache_slots``: a power of two."""
+    from tracekit.analysis import _otlp_scan
+    from tracekit.analysis._records import _SHARE_MAX_CHARS
+
+    _otlp_scan.configure(
+        Span, SHARED, share, _KINDS,
+        _SHARE_MAX_CHARS, MAX_VALUE_CHARS, MAX_ATTRIBUTES, MAX_ARRAY_ITEMS, cache_slots,
+    )  # fmt: skip
+
+
+def _scanner() -> Callable[[bytes], list[Span] | None] | None:
+    # The C line scanner, where built and wanted (TRACEKIT_PURE_PYTHON unset), else None.
+    from tracekit import _native
+
+    if _native.pure_python_requested():
+        return None
+    try:
+        from tracekit.analysis import _otlp_scan
+
+        configure_scanner()
+    except ImportError:  # not built
+        return None
+    return _otlp_scan.scan
+
+
+#: The line scanner: straight from the bytes to the spans, in C where built; it declines
+#: (``None``) what only the structs read exactly, and :func:`struct_spans` reads that.
+scan: Callable[[bytes], list[Span] | None] | None = _scanner()
