@@ -99,30 +99,42 @@ eat_word(Cursor *c, const char *word, Py_ssize_t n)
 #define EAT_WORD(c, w) eat_word((c), (w), sizeof(w) - 1)
 #define IS(t, w) ((t).n == sizeof(w) - 1 && memcmp((t).s, (w), sizeof(w) - 1) == 0)
 
-/* A string without escapes (the cursor at its quote): OK, or DECLINE. */
+/* What a byte means inside a string: 0 plain ASCII, else one of these. */
+enum { QUOTE = 1, ESCAPE = 2, HIGH = 3 };
+static unsigned char text_class[256];
+
+static void
+init_text_class(void)
+{
+    for (int ch = 0; ch < 256; ch++)
+        text_class[ch] = ch < 0x20 || ch == '\\' ? ESCAPE : ch == '"' ? QUOTE : ch >= 0x80 ? HIGH : 0;
+}
+
+/* A string without escapes (the cursor at its quote): OK, or DECLINE on an escape or a
+ * control character. The line is a bytes object, which ends with a NUL (a control
+ * character): the inner loop needs no bounds check. */
 static int
 scan_text(Cursor *c, Text *t)
 {
     if (!peek(c, '"'))
         return DECLINE;
-    const char *s = ++c->p;
+    const unsigned char *s = (const unsigned char *)c->p + 1, *p = s;
     int ascii = 1;
-    while (s < c->end) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"') {
-            t->s = c->p;
-            t->n = s - c->p;
-            t->ascii = ascii;
-            c->p = s + 1;
-            return OK;
-        }
-        if (ch == '\\' || ch < 0x20)
-            return DECLINE;
-        if (ch >= 0x80)
-            ascii = 0;
-        s++;
+    for (;;) {
+        while (!text_class[*p])
+            p++;
+        if (text_class[*p] == QUOTE)
+            break;
+        if (text_class[*p] == ESCAPE)
+            return DECLINE; /* or the NUL at the end */
+        ascii = 0;
+        p++;
     }
-    return DECLINE;
+    t->s = (const char *)s;
+    t->n = p - s;
+    t->ascii = ascii;
+    c->p = (const char *)p + 1;
+    return OK;
 }
 
 /* A JSON number (with an exponent only where ``exponent`` allows): its length, or 0.
@@ -310,13 +322,22 @@ next_item(Cursor *c, int *first, int *done)
 
 /* --- strings ----------------------------------------------------------------------------- */
 
+/* A cache slot's hash: the length and the first and last eight bytes (ids are random hex,
+ * texts differ at their ends; a collision only costs a miss). */
 static inline uint32_t
 hash_bytes(const char *s, Py_ssize_t n)
 {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (Py_ssize_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h ^ (h >> 15);
+    uint64_t head = 0, tail = 0;
+    if (n >= 8) {
+        memcpy(&head, s, 8);
+        memcpy(&tail, s + n - 8, 8);
+    }
+    else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            head = (head << 8) | (unsigned char)s[i];
+    }
+    uint64_t h = head * 0x9E3779B97F4A7C15ull ^ tail * 0xC2B2AE3D27D4EB4Full ^ (uint64_t)n;
+    return (uint32_t)(h >> 29) ^ (uint32_t)h;
 }
 
 static PyObject *
@@ -550,50 +571,72 @@ value_of(Cursor *c, int array_allowed, PyObject **out)
     return OK;
 }
 
-/* An attribute list (null: none) into a new dict. */
+/* Put the ``*held`` pairs into ``*dict`` (made presized for them when there is none yet),
+ * releasing them whatever happens. */
+#define PAIRS 32
+static int
+put_pairs(PyObject **dict, PyObject **pairs, Py_ssize_t *held)
+{
+    int r = OK;
+    if (*dict == NULL && (*dict = _PyDict_NewPresized(*held)) == NULL)
+        r = FAILED;
+    for (Py_ssize_t i = 0; i < *held; i++) {
+        if (r == OK && PyDict_SetItem(*dict, pairs[2 * i], pairs[2 * i + 1]) < 0)
+            r = FAILED;
+        Py_DECREF(pairs[2 * i]);
+        Py_DECREF(pairs[2 * i + 1]);
+    }
+    *held = 0;
+    return r;
+}
+
+/* An attribute list (null: none) into a new dict. The pairs wait in a buffer so that the
+ * dict is made at its final size (growing it key by key would resize it twice). */
 static int
 attributes_of(Cursor *c, PyObject **out)
 {
-    PyObject *dict = PyDict_New();
-    if (dict == NULL)
-        return FAILED;
+    PyObject *dict = NULL, *pairs[2 * PAIRS];
+    Py_ssize_t count = 0, held = 0;
+    int first = 1, done, r = OK;
     skip_space(c);
-    if (EAT_WORD(c, "null")) {
-        *out = dict;
-        return OK;
-    }
-    Py_ssize_t count = 0;
-    int first = 1, done, r;
-    while ((r = next_item(c, &first, &done)) == OK && !done) {
-        PyObject *key = NULL, *value = NULL;
-        int member_first = 1, member_done;
-        Text name;
-        if (++count > max_attributes)
-            r = DECLINE;
-        while (r == OK && (r = next_member(c, &member_first, &name, &member_done)) == OK
-               && !member_done) {
-            if (IS(name, "key")) {
-                Text t;
-                r = key != NULL ? DECLINE : scan_text(c, &t);
-                if (r == OK)
-                    r = text_of(&t, -1, &key);
+    if (!EAT_WORD(c, "null")) {
+        while ((r = next_item(c, &first, &done)) == OK && !done) {
+            PyObject *key = NULL, *value = NULL;
+            int member_first = 1, member_done;
+            Text name;
+            if (++count > max_attributes)
+                r = DECLINE;
+            while (r == OK && (r = next_member(c, &member_first, &name, &member_done)) == OK
+                   && !member_done) {
+                if (IS(name, "key")) {
+                    Text t;
+                    r = key != NULL ? DECLINE : scan_text(c, &t);
+                    if (r == OK)
+                        r = text_of(&t, -1, &key);
+                }
+                else if (IS(name, "value"))
+                    r = value != NULL ? DECLINE : value_of(c, 1, &value);
+                else
+                    r = skip_value(c, 0);
             }
-            else if (IS(name, "value"))
-                r = value != NULL ? DECLINE : value_of(c, 1, &value);
-            else
-                r = skip_value(c, 0);
+            if (r == OK && (key == NULL || value == NULL))
+                r = DECLINE;
+            if (r != OK) {
+                Py_XDECREF(key);
+                Py_XDECREF(value);
+                break;
+            }
+            pairs[2 * held] = key;
+            pairs[2 * held + 1] = value;
+            if (++held == PAIRS && (r = put_pairs(&dict, pairs, &held)) != OK)
+                break;
         }
-        if (r == OK && (key == NULL || value == NULL))
-            r = DECLINE;
-        if (r == OK && PyDict_SetItem(dict, key, value) < 0)
-            r = FAILED;
-        Py_XDECREF(key);
-        Py_XDECREF(value);
-        if (r != OK)
-            break;
     }
+    int put = put_pairs(&dict, pairs, &held); /* the last duplicate key wins, as in order */
+    if (r == OK)
+        r = put;
     if (r != OK) {
-        Py_DECREF(dict);
+        Py_XDECREF(dict);
         return r;
     }
     *out = dict;
@@ -1068,5 +1111,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__otlp_scan(void)
 {
+    init_text_class();
     return PyModule_Create(&module);
 }
