@@ -166,6 +166,12 @@ def _gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            # What the analysis keeps (the report's sample: ~600,000 small containers for
+            # 20,000 requests) is young and acyclic: the first collection after re-enabling
+            # would walk all of it for nothing (0.44 s, measured). Moved to the oldest
+            # generation (freeze, then unfreeze) it waits for the next full collection.
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
