@@ -26,7 +26,7 @@ def compiled_modules() -> list[str]:
     tree = ast.parse((ROOT / "tracekit" / "_native.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "COMPILED":
-            return [f"tracekit/{name}.py" for name in ast.literal_eval(node.value)]
+            return [f"tracekit/{name.replace('.', '/')}.py" for name in ast.literal_eval(node.value)]
     raise SystemExit("setup.py: tracekit/_native.py has no COMPILED tuple")
 
 

@@ -16,7 +16,7 @@ KIND_GUARDRAIL: Final = "guardrail"
 KIND_MODEL: Final = "model"
 KIND_SERIALIZE: Final = "serialize"
 KIND_OTHER: Final = "other"
-STAGE_KINDS: Final = (KIND_TOKENIZE, KIND_GUARDRAIL, KIND_MODEL, KIND_SERIALIZE, KIND_OTHER)
+STAGE_KINDS: Final[tuple[str, ...]] = (KIND_TOKENIZE, KIND_GUARDRAIL, KIND_MODEL, KIND_SERIALIZE, KIND_OTHER)
 
 # --- stage span (INTERNAL) ----------------------------------------------------------------
 STAGE: Final = "tracekit.stage"

@@ -23,7 +23,7 @@ def test_the_compiled_build_is_in_use_where_it_was_built() -> None:
     assert _native.compiled(), "the compiled modules are not in use: run `make build`"
 
 
-def test_the_core_suite_passes_as_plain_python() -> None:
+def test_the_core_and_analysis_suites_pass_as_plain_python() -> None:
     if not _native.compiled():
         pytest.skip("this run is plain Python already")
     env = dict(os.environ, TRACEKIT_PURE_PYTHON="1")
@@ -35,7 +35,8 @@ def test_the_core_suite_passes_as_plain_python() -> None:
     assert probe.stdout.strip() == "False"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/core",
-         "--deselect", "tests/core/test_native.py::test_the_core_suite_passes_as_plain_python"],
+         "tests/analysis", "--deselect",
+         "tests/core/test_native.py::test_the_core_and_analysis_suites_pass_as_plain_python"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -43,15 +44,18 @@ def test_the_core_suite_passes_as_plain_python() -> None:
 
 def test_a_source_changed_since_it_was_compiled_is_stale(tmp_path: Path) -> None:
     package = tmp_path / "tracekit"
-    package.mkdir()
     for name in _native.COMPILED:
-        (package / f"{name}.py").write_text(f"# {name}\n")
+        source = Path(_native.source_path(name, str(package)))
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(f"# {name}\n")
     assert _native._stale(str(package)) is None  # no record of a build: an installed wheel
     built = "".join(f"{n} {d}\n" for n, d in _native.source_digests(str(package)).items())
     (package / _native.BUILT_FROM).write_text(built)
     assert _native._stale(str(package)) is None
-    edited = _native.COMPILED[3]
-    os.utime(package / f"{edited}.py", (time.time() + 60, time.time() + 60))  # touched only
-    assert _native._stale(str(package)) is None
-    (package / f"{edited}.py").write_text("# edited\n")
-    assert _native._stale(str(package)) == edited
+    for edited in (_native.COMPILED[3], "analysis._records"):
+        source = _native.source_path(edited, str(package))
+        os.utime(source, (time.time() + 60, time.time() + 60))  # touched only
+        assert _native._stale(str(package)) is None
+        Path(source).write_text("# edited\n")
+        assert _native._stale(str(package)) == edited
+        Path(source).write_text(f"# {edited}\n")
