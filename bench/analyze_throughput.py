@@ -11,9 +11,9 @@ Method (written into ``docs/performance-analyzer.md`` with the results):
    process (``ru_maxrss``). Each command runs ``--repeat`` times and the fastest run is
    reported (the machine is shared: slower runs are disturbed ones), all runs alongside.
 3. Four commands: ``parse`` (``orjson.loads`` of every line: what the generic reader starts
-   from); ``phases`` (one process that times, in CPU, msgspec's typed decoding of every line,
-   ``read_spans``, then reader + assembly + aggregation, then the report: where the time
-   goes, without differences between separate runs); ``analyze-1`` (the whole
+   from); ``phases`` (one process that times, in CPU, ``read_spans``, then reader + assembly
+   + aggregation, then the report: where the time goes, without differences between
+   separate runs); ``analyze-1`` (the whole
    ``tracekit analyze FILE --format json -o OUT`` in one process) and ``analyze`` (the same
    command as users run it: one worker process per CPU).
 
@@ -57,7 +57,6 @@ with open(sys.argv[1], "rb") as f:
 """
 PHASES = """
 import gc, json, sys, time
-from tracekit.analysis._otlp_typed import _DECODER
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.assemble import assemble
 from tracekit.analysis.report import build_report
@@ -65,11 +64,6 @@ from tracekit.analysis.sources import read_spans
 gc.disable()  # as analyze() does
 path = sys.argv[1]
 clock = [time.process_time()]
-with open(path, "rb") as f:
-    for line in f:
-        if line.strip():
-            _DECODER.decode(line)
-clock.append(time.process_time())
 for _ in read_spans(path):
     pass
 clock.append(time.process_time())
@@ -237,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def phase_times(output: str) -> tuple[float, float, float, float]:
-    """The ``phases`` child's four CPU times: decode, read, pipeline, report."""
+def phase_times(output: str) -> tuple[float, float, float]:
+    """The ``phases`` child's three CPU times: read, then pipeline (read included), report."""
     import json
 
-    decode, read, pipeline, report = json.loads(output.strip().splitlines()[-1])
-    return decode, read, pipeline, report
+    read, pipeline, report = json.loads(output.strip().splitlines()[-1])
+    return read, pipeline, report
 
 
 def render(
@@ -265,10 +259,9 @@ def render(
     rate = n_spans / top.wall_s
     verdict_rate = "meets" if rate >= TARGET_SPANS_PER_S else "misses"
     verdict_rss = "meets" if top.rss_mb <= TARGET_RSS_MB else "misses"
-    decode_s, read_s, pipeline_s, report_s = phase_times(results["phases"][0].output)
+    read_s, pipeline_s, report_s = phase_times(results["phases"][0].output)
     parts = {  # CPU of one process, phase by phase (one run)
-        "decoding JSON (msgspec, typed)": decode_s,
-        "building spans (the reader's Python)": read_s - decode_s,
+        "reading: lines to spans (the C scanner)": read_s,
         "assembly and aggregation": pipeline_s - read_s,
         "rules, replay, projections, JSON output (20,000-request sample)": report_s,
     }
@@ -279,26 +272,24 @@ def render(
     one = results["analyze-1"][0]
     speedup = one.wall_s / top.wall_s
     cpus = os.cpu_count() or 1
-    decode_us = 1e6 * decode_s / n_spans
-    python_us = 1e6 * (pipeline_s - decode_s) / n_spans
+    read_us = 1e6 * read_s / n_spans
+    python_us = 1e6 * (pipeline_s - read_s) / n_spans
     ceiling = cpus * n_spans / pipeline_s
     gap = (
-        f"Per span, one process spends {decode_us:.1f} µs of CPU decoding and {python_us:.1f} µs "
-        f"in Python on top (building spans, assembly, aggregation). With {cpus} CPUs fully "
-        f"used, reading, assembling and aggregating would run at about {ceiling:,.0f} spans/s, "
-        f"before the workers' start and merge and the report on the sample ({report_s:.1f} s "
-        f"of CPU in one process, after the workers). "
+        f"Per span, one process spends {read_us:.1f} µs of CPU reading (lines to spans) and "
+        f"{python_us:.1f} µs assembling and aggregating. With {cpus} CPUs fully used, that "
+        f"would run at about {ceiling:,.0f} spans/s, before the workers' start and merge and "
+        f"the report on the sample ({report_s:.1f} s of CPU in one process, after the "
+        "workers, while the other CPUs idle). "
         + (
-            "The target is met."
+            "The target is met. What is left is mostly Python per request (a record per "
+            "span, the statistics) and the serial report; the next steps would be records "
+            "built in C for tracekit's stage spans and a report that starts while the last "
+            "worker finishes (that needs a smaller in-memory sample first: two copies of "
+            "today's 20,000 requests, ~100 MB each, exceed the memory target)."
             if rate >= TARGET_SPANS_PER_S
-            else "That is what keeps the target out of reach here. The loop over a span's "
-            "attributes runs in C now; what stays in Python per span is building the span "
-            "(ids, times, the struct), freeing the decoded structs, and assembly: the span "
-            "tree, a record per span, aggregation. Compiling the assembly and aggregation "
-            "modules with mypyc, as the core's request path is, was measured at 7% fewer "
-            "instructions per span (callgrind): not enough alone. And the report runs after "
-            "the workers, on one CPU. Closing the gap needs a compiled reader that builds the "
-            "records straight from the decoded structs, a faster replay, or more CPUs."
+            else "That is what keeps the target out of reach here: Python per request (a "
+            "record per span, the statistics) and the serial report."
         )
     )
     return f"""# Analyzer performance
@@ -328,12 +319,11 @@ same command in one process, for the same report). Where the CPU time goes, in o
 {split}
 
 - `parse`: `orjson.loads` of every line: what the generic reader starts from (the fast
-  reader decodes with msgspec instead: the first phase below).
-- `phases`: one process running, one after the other, msgspec's decoding of every line into
-  the typed structs of the fast reader (`tracekit/analysis/_otlp_typed.py`),
-  `tracekit.analysis.sources.read_spans` (decoding plus every `Span`: ids, times, typed
-  attribute map), the reader with assembly and aggregation, and the report (rules, replay,
-  projections, JSON); its wall time and memory are those of all four.
+  reader builds no dict per JSON object: the first phase below).
+- `phases`: one process running, one after the other, `tracekit.analysis.sources.read_spans`
+  (every line to its `Span`s: ids, times, typed attribute map), the reader with assembly and
+  aggregation, and the report (rules, replay, projections, JSON); its wall time and memory
+  are those of all three.
 - `analyze-1` and `analyze`: the whole `tracekit analyze FILE --format json -o OUT`, with
   `TRACEKIT_ANALYZE_WORKERS=1` and as users run it.
 
@@ -360,12 +350,22 @@ same command in one process, for the same report). Where the CPU time goes, in o
 
 ## What the analyzer does (and why it is this fast)
 
-1. **Typed decoding.** OTLP JSON Lines are decoded by msgspec straight into typed structs
-   holding only the fields the analyzer reads (unknown fields are skipped in C), instead of
-   `orjson.loads` into dicts. The structs accept only what the generic reader converts
-   without a skip, a cut or an error; any other line is read the generic way, so the two
-   readers give the same spans, counts and messages (`tests/analysis/test_sources_typed.py`
-   compares them field by field).
+1. **A C line scanner, typed decoding behind it.** A line of OTLP JSON goes from its bytes
+   straight to the `Span`s (`tracekit/analysis/_otlp_scan.c`): no dict per span, no struct
+   per attribute, nothing to free afterwards; unknown members are checked as JSON and
+   skipped. It takes only the shapes tracekit and the OTel SDKs write, and declines (returns
+   `None` for) anything else: an escape in a string, span events, a value with two fields,
+   a null where a default would be read, a duplicate member, ids that are not canonical.
+   Such a line is decoded by msgspec into typed structs holding only the fields the analyzer
+   reads (`tracekit/analysis/_otlp_typed.py`), which in turn accept only what the generic
+   reader converts without a skip, a cut or an error; anything else is read the generic way
+   (`orjson.loads` into dicts). So the three readers give the same spans, counts and
+   messages: `tests/analysis/test_sources_typed.py` runs every case through all of them
+   (the scanner against the structs field by field, with every value's type, the structs
+   against the generic reader), on the generated traces, every field with every wrong type,
+   random mutations and random numbers; a planted bug in the scanner is caught. The scanner
+   reads a span in 2.4-3.1 µs of CPU where the structs took 6.0-8.8 µs (both measured in
+   alternation on the same lines, 102,400 spans).
 2. **One worker process per CPU.** A large (>= 64 MB per worker) uncompressed OTLP JSON
    Lines file is cut at line starts into one byte range per worker
    (`tracekit/analysis/_parallel.py`); each worker reads, assembles and aggregates its range
@@ -386,20 +386,28 @@ same command in one process, for the same report). Where the CPU time goes, in o
      keys, and the parent asks for those within the overall earliest 20,000 only.
    Smaller files, gzip, Jaeger JSON, a Jaeger query and in-memory spans are read in one
    process; `TRACEKIT_ANALYZE_WORKERS` sets the number of workers (1: one process).
-3. **Less Python per span.** Model records are msgspec Structs (constructed in C); the
-   aggregation buffers rows and folds them into the percentile structures in batches of C
-   calls; reading and assembling alternate in runs of 4,096 spans rather than line by
-   line; a worker reads its range through a 4 MB buffer (whole ~500 kB lines per read); the
-   cyclic garbage collector is paused during the pipeline. The loop that turns a span's
-   decoded attributes into its attribute map runs in C where built
-   (`tracekit/analysis/_otlp_attributes.c`: 9.5k instructions and 0.67 µs a span against
-   27.6k and 1.99 µs for the same loop in Python, `bench/attribute_loop.py`); the Python loop
-   stays the reference, and the tests run every reader case through both and compare values
-   and types.
-4. **Less memory per span waiting for assembly.** The decoder makes a new string for every
-   attribute key and text; the fast reader replaces keys, texts up to 200 characters and
-   span names by shared strings as it reads them. A span waiting in the assembly window
-   holds about 1.1 kB instead of 2.3 kB (`tracemalloc`, asserted by
+3. **Less Python per span.** The analyzer's per-span and per-request modules (records,
+   statistics, percentiles, aggregation, the replay, the event-loop index) are compiled with
+   mypyc like the core's request path (`tracekit/_native.py` lists them): callgrind counts
+   11% fewer instructions for reading, assembling and aggregating 100,000 spans (10.04G
+   against 8.89G, the sample packed as in a worker) and 40% fewer for the report on their
+   20,000 requests (18.5G against 11.1G: the first 200 lines of the generated file, each
+   phase's count less the one before it); `TRACEKIT_PURE_PYTHON=1` runs the same code as
+   Python, and the test suite runs the analysis tests both ways. Model records are msgspec
+   Structs (constructed in C); the aggregation buffers rows and folds them into the
+   percentile structures in batches of C calls; reading and assembling alternate in runs of
+   4,096 spans rather than line by line; a worker reads its range through a 4 MB buffer
+   (whole ~500 kB lines per read); the cyclic garbage collector is paused during the
+   pipeline, and what the report keeps goes to the oldest generation when it is re-enabled
+   (a young-generation pass over the sample cost 0.44 s). For the lines the scanner
+   declines, the loop that turns a span's decoded attributes into its attribute map runs in
+   C too (`tracekit/analysis/_otlp_attributes.c`: 9.5k instructions and 0.67 µs a span
+   against 27.6k and 1.99 µs in Python, `bench/attribute_loop.py`).
+4. **Less memory per span waiting for assembly.** A decoder makes a new string for every
+   attribute key and text; the fast readers use shared strings for keys, texts up to 200
+   characters and span names as they read them (the scanner looks them up by their bytes
+   in a small cache before making any string). A span waiting in the assembly window
+   holds about 1.2 kB instead of 2.3 kB (`tracemalloc`, asserted by
    `tests/analysis/test_sources_typed.py`), and later lookups by key compare identities.
    This matters more than its instruction count suggests: assembly touches each span again
    ~10,000 spans after reading it, out of the CPU caches, and this machine's last-level
@@ -411,8 +419,9 @@ same command in one process, for the same report). Where the CPU time goes, in o
 5. **Memory stays bounded** (DESIGN §6): per process, at most the open traces (a window of
    10,000 spans after their roots), per route and stage counters and percentile structures
    (exact up to 2,048 values, then a 1% log histogram), and a sample of the 20,000 earliest
-   requests, whose decoded attributes are dropped and whose repeated strings are shared.
-   None of this grows with the number of spans.
+   requests, whose decoded attributes are dropped and whose repeated strings are shared,
+   and the scanner's two caches of 4,096 strings each. None of this grows with the number
+   of spans.
 
 ## What is left
 

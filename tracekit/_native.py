@@ -35,7 +35,7 @@ from types import ModuleType
 #: The modules mypyc compiles (names relative to the package): the request path (stages,
 #: steps, accounting, the per-request record) and span building; and the analyzer's
 #: per-span and per-request work: records, statistics, percentiles, the replay and the
-#: event-loop index (docs/performance-analyzer.md: 11% fewer instructions a span, 37% for
+#: event-loop index (docs/performance-analyzer.md: 11% fewer instructions a span, 40% for
 #: the report). Every other module stays Python: the public wrappers above all, which
 #: frameworks inspect (they must be real coroutine functions and classes), and assembly,
 #: whose ``Group`` msgspec decodes when workers hand their state on (a compiled class does
