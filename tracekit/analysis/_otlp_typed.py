@@ -1,9 +1,11 @@
-"""The fast path of the OTLP JSON Lines reader: typed decoding with msgspec.
+"""The fast path of the OTLP JSON Lines reader: a C line scanner, then typed decoding with msgspec.
 
 ``orjson.loads`` builds a dict per span and two per attribute before the generic reader
-(:mod:`tracekit.analysis._otlp_json`) converts them; here msgspec decodes a line straight into
-the few typed structs the reader needs, validating types and limits in C and skipping unknown
-fields, and :func:`typed_spans` turns them into the very same :class:`Span` objects.
+(:mod:`tracekit.analysis._otlp_json`) converts them. Here, where it is built, the C scanner
+(``_otlp_scan.c``, :data:`scan`) goes from a line's bytes straight to the :class:`Span`
+objects, and declines what it does not read exactly; msgspec then decodes such a line into the
+few typed structs the reader needs, validating types and limits in C and skipping unknown
+fields, and :func:`struct_spans` turns them into the very same :class:`Span` objects.
 
 The generic reader stays the reference. The structs accept only what the generic reader
 converts without a skip, a cut or an error: a field typed ``X | UnsetType`` refuses ``null``,
@@ -14,8 +16,8 @@ floats) and ``"NaN"``-style doubles are all refused. For any line with something
 counts, messages and errors never depend on which path read a line (a test compares both on
 every field mutation).
 
-Cost: msgspec's decode is about half of ``orjson.loads`` on tracekit's spans; the conversion
-to :class:`Span` is one pass over the attributes (figures in ``docs/performance-analyzer.md``).
+Cost: the scanner reads a span in about a third of the structs' time, and msgspec's decode is
+about half of ``orjson.loads`` on tracekit's spans (figures in ``docs/performance-analyzer.md``).
 """
 
 from __future__ import annotations
@@ -286,7 +288,9 @@ def _c_attributes() -> Callable[[list[_KeyValue]], dict[str, Any]] | None:
     try:
         from tracekit.analysis import _otlp_attributes
 
-        _otlp_attributes.configure(_KeyValue, _Value, _Array, _Scalar, UNSET, SHARED, share, _value)
+        _otlp_attributes.configure(
+            _KeyValue, _Value, _Array, _Scalar, UNSET, SHARED, share, _value
+        )
     except (ImportError, TypeError):  # not built, or msgspec laid its structs out otherwise
         return None
     return _otlp_attributes.attributes
