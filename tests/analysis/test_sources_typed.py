@@ -266,6 +266,20 @@ def test_bytes_the_fast_decoder_skips_are_checked_like_orjson_does() -> None:
     assert check(line.replace(b'"name":"root"', b'"name":"r\xc3\xa9","name":"root"'))
 
 
+def test_the_structs_refuse_what_orjson_finds_nested_too_deeply(tmp_path: Path) -> None:
+    # From Python 3.12 msgspec's nesting limit is far above orjson's 1024: the struct path
+    # checks the depth itself there (a conservative count of the brackets).
+    line = orjson.dumps(plain_doc())
+    for depth in (1000, 1023, 1024, 1100):
+        mutated = line.replace(b'{"resourceSpans"', b'{"zz":' + b"[" * depth + b"]" * depth
+                               + b',"resourceSpans"', 1)  # fmt: skip
+        assert _otlp_typed._too_deep(mutated) == isinstance(generic(mutated), str), depth
+    path = tmp_path / "t.jsonl"
+    gen_traces().write_jsonl(path, 600, batch_size=512)  # as the core's exporter writes
+    big = max(path.read_bytes().splitlines(), key=len)
+    assert big.count(b"[") + big.count(b"{") > 1024 and not _otlp_typed._too_deep(big)
+
+
 @pytest.mark.parametrize(
     "doc",
     [

@@ -22,7 +22,10 @@ about half of ``orjson.loads`` on tracekit's spans (figures in ``docs/performanc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from itertools import accumulate, count
+from operator import sub
 from typing import Annotated, Any
 
 import msgspec
@@ -173,6 +176,8 @@ def typed_spans(line: bytes) -> list[Span] | None:
 def struct_spans(line: bytes) -> list[Span] | None:
     """:func:`typed_spans` through msgspec's structs (the scanner's reference, and what reads
     the lines it declines); ``line``'s UTF-8 is checked already."""
+    if _UNBOUNDED_NESTING and _too_deep(line):
+        return None
     try:
         doc = _DECODER.decode(line)
         resource_spans = doc.resourceSpans
@@ -190,6 +195,28 @@ def struct_spans(line: bytes) -> list[Span] | None:
     except (msgspec.DecodeError, _NotExact, BadSpan, RecursionError, *SPAN_ERRORS):
         return None
     return out
+
+
+# msgspec bounds nesting by Python's recursion limit, which from Python 3.12 on is a C stack
+# limit well above the generic reader's (orjson refuses more than 1024 levels): it would take
+# a line with a deeply nested unknown member that orjson refuses. The C scanner declines
+# those itself; the structs check first.
+_UNBOUNDED_NESTING = sys.version_info >= (3, 12)
+_MAX_NESTING = 1024
+_OPENS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[{]}"))
+
+
+def _too_deep(line: bytes) -> bool:
+    # Nesting counted on the brackets alone (those inside strings count too): it can only
+    # overestimate, and then the generic reader decides. Cost: a C count per line; a pass
+    # over the brackets only for a line with more than 1024 of them (3 ms for 512 spans).
+    if line.count(b"[") + line.count(b"{") <= _MAX_NESTING:
+        return False
+    steps = line.translate(_OPENS, _NOT_BRACKETS)  # 2: opens, 0: closes
+    # After i brackets, 2 x opens - i is the depth: the maximum, in C-level iterators.
+    deepest: int = max(map(sub, accumulate(steps), count(1)))
+    return deepest > _MAX_NESTING
 
 
 def _service(resource: _Resource | None) -> str:
