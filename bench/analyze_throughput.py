@@ -354,18 +354,18 @@ same command in one process, for the same report). Where the CPU time goes, in o
    straight to the `Span`s (`tracekit/analysis/_otlp_scan.c`): no dict per span, no struct
    per attribute, nothing to free afterwards; unknown members are checked as JSON and
    skipped. It takes only the shapes tracekit and the OTel SDKs write, and declines (returns
-   `None` for) anything else: an escape in a string, span events, a value with two fields,
-   a null where a default would be read, a duplicate member, ids that are not canonical.
-   Such a line is decoded by msgspec into typed structs holding only the fields the analyzer
+   `None` for) anything else: an escape in a string, span events, a value with two fields, a
+   null where a default would be read, a duplicate member, ids that are not canonical. Such
+   a line is decoded by msgspec into typed structs holding only the fields the analyzer
    reads (`tracekit/analysis/_otlp_typed.py`), which in turn accept only what the generic
    reader converts without a skip, a cut or an error; anything else is read the generic way
    (`orjson.loads` into dicts). So the three readers give the same spans, counts and
-   messages: `tests/analysis/test_sources_typed.py` runs every case through all of them
-   (the scanner against the structs field by field, with every value's type, the structs
-   against the generic reader), on the generated traces, every field with every wrong type,
-   random mutations and random numbers; a planted bug in the scanner is caught. The scanner
-   reads a span in 2.4-3.1 µs of CPU where the structs took 6.0-8.8 µs (both measured in
-   alternation on the same lines, 102,400 spans).
+   messages: `tests/analysis/test_sources_typed.py` runs every case through all of them (the
+   scanner against the structs field by field, with every value's type, the structs against
+   the generic reader), on the generated traces, every field with every wrong type, random
+   mutations and random numbers; a planted bug in the scanner is caught. The scanner reads a
+   span in 2.7-3.5 µs of CPU where the structs take 6.5-8.9 µs (`bench/line_scanner.py
+   --rounds 3`: both in alternation on the same 102,500 spans).
 2. **One worker process per CPU.** A large (>= 64 MB per worker) uncompressed OTLP JSON
    Lines file is cut at line starts into one byte range per worker
    (`tracekit/analysis/_parallel.py`); each worker reads, assembles and aggregates its range
@@ -389,20 +389,21 @@ same command in one process, for the same report). Where the CPU time goes, in o
 3. **Less Python per span.** The analyzer's per-span and per-request modules (records,
    statistics, percentiles, aggregation, the replay, the event-loop index) are compiled with
    mypyc like the core's request path (`tracekit/_native.py` lists them): callgrind counts
-   11% fewer instructions for reading, assembling and aggregating 100,000 spans (10.04G
-   against 8.89G, the sample packed as in a worker) and 40% fewer for the report on their
-   20,000 requests (18.5G against 11.1G: the first 200 lines of the generated file, each
-   phase's count less the one before it); `TRACEKIT_PURE_PYTHON=1` runs the same code as
-   Python, and the test suite runs the analysis tests both ways. Model records are msgspec
-   Structs (constructed in C); the aggregation buffers rows and folds them into the
-   percentile structures in batches of C calls; reading and assembling alternate in runs of
-   4,096 spans rather than line by line; a worker reads its range through a 4 MB buffer
-   (whole ~500 kB lines per read); the cyclic garbage collector is paused during the
-   pipeline, and what the report keeps goes to the oldest generation when it is re-enabled
-   (a young-generation pass over the sample cost 0.44 s). For the lines the scanner
-   declines, the loop that turns a span's decoded attributes into its attribute map runs in
-   C too (`tracekit/analysis/_otlp_attributes.c`: 9.5k instructions and 0.67 µs a span
-   against 27.6k and 1.99 µs in Python, `bench/attribute_loop.py`).
+   11% fewer instructions for reading, assembling and aggregating 100,000 spans (9.99G
+   against 8.85G, the sample packed as in a worker) and 40% fewer for the report on their
+   20,000 requests (18.4G against 11.0G: `bench/analyzer_phases.py` on the first 200 lines
+   of the generated file, each phase's count less the one before it);
+   `TRACEKIT_PURE_PYTHON=1` runs the same code as Python, and the test suite runs the
+   analysis tests both ways. Model records are msgspec Structs (constructed in C); the
+   aggregation buffers rows and folds them into the percentile structures in batches of C
+   calls; reading and assembling alternate in runs of 4,096 spans rather than line by line;
+   a worker reads its range through a 4 MB buffer (whole ~500 kB lines per read); the cyclic
+   garbage collector is paused during the pipeline, and what the report keeps goes to the
+   oldest generation when it is re-enabled (a young-generation pass over the sample cost
+   0.44 s). For the lines the scanner declines, the loop that turns a span's decoded
+   attributes into its attribute map runs in C too (`tracekit/analysis/_otlp_attributes.c`:
+   9.5k instructions and 0.67 µs a span against 27.6k and 1.99 µs in Python,
+   `bench/attribute_loop.py`).
 4. **Less memory per span waiting for assembly.** A decoder makes a new string for every
    attribute key and text; the fast readers use shared strings for keys, texts up to 200
    characters and span names as they read them (the scanner looks them up by their bytes
