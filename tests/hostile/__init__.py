@@ -1,0 +1,1 @@
+"""Hostile input and careless operation: escapes, special files, slow backends, dead collectors."""
