@@ -69,8 +69,8 @@ class Ledger:
     """Accounting for one stage (or the request's own code: ``site is REQUEST``).
 
     Creating one is on the hot path (once per stage call), so ``__init__`` sets only what is
-    read before it is written: ``step_t0``, ``step_c0``, ``nested_cpu`` and ``prev_top`` are
-    first written by :func:`step_begin`. Rarely used
+    read before it is written: ``step_t0``, ``step_c0``, ``nested_cpu``, ``nested_wall`` and
+    ``prev_top`` are first written by :func:`step_begin`. Rarely used
     fields (notes, watchdog catches, extra attributes, errors, generator timing) default to
     the class attributes below and get an instance value only when used.
     """
@@ -85,6 +85,7 @@ class Ledger:
         "loop_wait",
         "max_block",
         "nested_cpu",
+        "nested_wall",
         "owns_slice",
         "parent",
         "prev_top",
@@ -97,6 +98,7 @@ class Ledger:
         "step_t0",
         "steps",
         "suspended_at",
+        "sync_call",
         "token",
     )  # fmt: skip
 
@@ -104,6 +106,7 @@ class Ledger:
     step_t0: int  # wall ns when the open step began
     step_c0: int  # thread CPU ns when the open step began
     nested_cpu: int  # CPU of nested stages' steps inside the open step (subtracted from it)
+    nested_wall: int  # wall time of those nested steps (the open step's own CPU fits in the rest)
     prev_top: Ledger | None  # what was on top of the thread's step stack before this step
     state: _loop.ThreadState  # the thread a step-taking stage runs on (tracekit._stages)
     owns_slice: bool  # a sync call's step began the thread's outermost slice (tracekit._stages)
@@ -126,6 +129,9 @@ class Ledger:
         self.start = start or _clock.wall_ns()
         self.end = self.cpu_on = self.cpu_off = self.loop_wait = self.max_block = 0
         self.steps = self.active_children = self.suspended_at = 0
+        # A sync call's ledger (tracekit._stages.step_in): code running while its step is
+        # open is synchronous, so a block entered there can take the step over.
+        self.sync_call = False
         self.child_spans: list[tuple[int, int]] | None = None  # direct children's (start, end)
         self.token: Any = None  # the current_ledger token while bound (tracekit._stages)
         if parent is not None:
@@ -152,24 +158,38 @@ def step_begin(led: Ledger, state: _loop.ThreadState, now: int, cpu: int) -> Non
     """
     led.prev_top = state.top
     state.top = led
-    led.nested_cpu = 0
+    led.nested_cpu = led.nested_wall = 0
     led.step_t0 = now
     led.step_c0 = cpu
 
 
 def step_end(led: Ledger, state: _loop.ThreadState, now: int, cpu: int, on_loop: bool) -> None:
-    """Close the open step of ``led`` at wall time ``now`` and thread CPU time ``cpu``."""
+    """Close the open step of ``led`` at wall time ``now`` and thread CPU time ``cpu``.
+
+    A thread cannot use more CPU than the wall time that passes, so a step's CPU is at most
+    its wall time, and its own CPU at most the wall time outside its nested steps. Readings
+    can say more: a CPU reading inferred by :func:`tracekit._loop.cpu_now` is high by up to
+    ``CPU_REUSE_NS``, and a garbage collection can fall between a step's wall and CPU
+    readings. Bounding each step here keeps every nanosecond counted once: a stage's CPU plus
+    its children's wall time never exceeds its wall time (tests/hostile/test_timing_invariants.py).
+    """
+    held = now - led.step_t0
     spent = cpu - led.step_c0
+    if spent > held:
+        spent = held
     prev = led.prev_top
     state.top = prev
     led.prev_top = None
     led.steps += 1
     if prev is not None:
         prev.nested_cpu += spent
+        prev.nested_wall += held
     own = spent - led.nested_cpu
+    free = held - led.nested_wall
+    if own > free:
+        own = free
     if on_loop:
         led.cpu_on += own
-        held = now - led.step_t0
         if held > led.max_block:
             led.max_block = held
         if held >= SLICE_NOTE_NS:

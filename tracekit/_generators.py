@@ -135,7 +135,7 @@ class StagedGenerator(_StagedIteration):
         if led is None:
             return advance(*args)
         tokens = _stages.bind(led)
-        _stages.step_in(led, _clock.wall_ns())
+        _stages.step_in(led)
         try:
             item = advance(*args)
         except BaseException as exc:

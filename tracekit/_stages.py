@@ -13,6 +13,8 @@ How the code is timed (see also :mod:`tracekit._steps`):
 - an async stage or a block entered while a tracekit driver steps its task takes the open
   step over (:func:`tracekit._accounting.switch`) and hands it back when it leaves; an async
   stage entered anywhere else gets a driver of its own;
+- a block entered inside a sync call takes the call's step over the same way (sync code
+  cannot suspend);
 - a block entered in a task that no driver steps (a child task of ``asyncio.gather``, say)
   keeps wall time only: its suspensions could not be seen, and a step left open across one
   would be charged with other tasks' work.
@@ -57,7 +59,6 @@ def open_ledger(site: Site, bind: bool = True, start: int = 0) -> Ledger | None:
             return None
         led = Ledger(site, request, None, new_span_id(), start)
         request.span_id = led.span_id
-        request.start = led.start
         request.root = led
         if bind:
             led.otel_token = otel_context.attach(_runtime.request_context(request))
@@ -85,6 +86,7 @@ def close_ledger(led: Ledger, error: BaseException | None, end: int = 0) -> None
             led.token = None
         request = led.request
         if led.parent is None and request is not None:  # a standalone tree is complete
+            request.start = led.start
             request.end = led.end
             request.runtime.submit(request)
     except Exception:
@@ -92,14 +94,23 @@ def close_ledger(led: Ledger, error: BaseException | None, end: int = 0) -> None
 
 
 # --- sync calls: one step, nested in the open one -------------------------------------------
-def step_in(led: Ledger, now: int) -> None:
+def step_in(led: Ledger) -> int:
     """Begin a step of ``led`` nested in the step open on this thread (a sync call, or one
-    ``next()`` of a sync generator stage); outside any step it is an outermost slice."""
+    ``next()`` of a sync generator stage); outside any step it is an outermost slice.
+    Returns the wall time it began.
+
+    The two clocks are read back to back, after every allocation: a garbage collection
+    between them would be in the step's wall time and not in its CPU time, and so counted
+    as its parent's CPU as well (issue 11)."""
     state = led.state = _loop.thread_state()
+    led.sync_call = True
+    now = _clock.wall_ns()
+    cpu = _loop.cpu_now(state, now)
     led.owns_slice = state.top is None and not state.slice_start
     if led.owns_slice:
         _loop.slice_begin(state, now)
-    _accounting.step_begin(led, state, now, _loop.cpu_now(state, now))
+    _accounting.step_begin(led, state, now, cpu)
+    return now
 
 
 def step_out(led: Ledger) -> int:
@@ -122,10 +133,9 @@ def on_loop(state: _loop.ThreadState) -> bool:
 def call_begin(site: Site) -> Ledger | None:
     """Open a sync stage and begin its one step (the call); None when not recording."""
     try:
-        now = _clock.wall_ns()
-        led = open_ledger(site, True, now)
+        led = open_ledger(site, True)
         if led is not None:
-            step_in(led, now)
+            led.start = step_in(led)  # the call's step and the stage begin together
         return led
     except Exception:
         internal_error("stage start")
@@ -184,7 +194,9 @@ def enter(site: Site, block: bool) -> tuple[Ledger, Ledger | None] | None:
         if loop is None:
             steps = block  # sync code outside any loop: no suspension can hide in a block
         else:
-            steps = state.top is not None and stepped is _current_task(loop)
+            # The open step is this task's, or a sync call's: nothing can suspend inside it.
+            top = state.top
+            steps = top is not None and (stepped is _current_task(loop) or (block and top.sync_call))
         if not steps:
             led = open_ledger(site)
             return None if led is None else (led, NO_STEP)

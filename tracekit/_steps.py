@@ -61,6 +61,7 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
         outermost = False
         try:
             now = _clock.wall_ns()
+            cpu = _loop.cpu_now(state, now)  # read together: nothing may allocate in between
             if cursor.suspended_at:
                 _accounting.resume(cursor, state, inspect, now)
             if not state.slice_start:
@@ -68,7 +69,7 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
                 _loop.slice_begin(state, now)
                 state.task = task
                 state.loop = loop
-            _accounting.step_begin(cursor, state, now, _loop.cpu_now(state, now))
+            _accounting.step_begin(cursor, state, now, cpu)
         except Exception:
             internal_error("step start")
         try:
