@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar, overload
@@ -122,26 +124,55 @@ class Stage:
         self.__exit__(exc_type, exc, tb)
 
 
+#: Calls of one sync stage in flight at once (recursion, or a few threads) that need nothing
+#: more. Each call has a wrapper frame the undecorated function would not have, and a
+#: recursive function must reach the depth it reaches undecorated, traced or not (issue 11):
+#: past this many calls, the interpreter's recursion limit is raised by a frame per call
+#: (by all of them at the first), and given back when the stage is down to this many again
+#: (not by each call: the deepest ones are too deep to lower the limit). Changed with C calls
+#: only, inline: at the limit, calling a Python function would fail.
+FREE_CALLS = 16
+_limit_lock = threading.Lock()
+_getrecursionlimit = sys.getrecursionlimit
+_setrecursionlimit = sys.setrecursionlimit
+
+
 def _wrap_sync(fn: F, site: Site) -> F:
     call_begin, call_end = _stages.call_begin, _stages.call_end
     call_end_counting = _stages.call_end_counting
     count_tokens = site.kind == semconv.KIND_TOKENIZE
+    in_flight = 0  # calls of fn in flight, over all threads
+    granted = 0  # recursion-limit frames added for them
 
     @functools.wraps(fn)
     def sync_stage(*args: Any, **kwargs: Any) -> Any:
-        led = call_begin(site)
-        if led is None:
-            return fn(*args, **kwargs)
+        nonlocal in_flight, granted
+        in_flight += 1
+        if in_flight > FREE_CALLS:
+            frames = 1 if in_flight > FREE_CALLS + 1 else in_flight
+            with _limit_lock:
+                _setrecursionlimit(_getrecursionlimit() + frames)
+                granted += frames
         try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            call_end(led, exc)
-            raise
-        if count_tokens:
-            call_end_counting(led, result)
-        else:
-            call_end(led, None)
-        return result
+            led = call_begin(site)
+            if led is None:
+                return fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                call_end(led, exc)
+                raise
+            if count_tokens:
+                call_end_counting(led, result)
+            else:
+                call_end(led, None)
+            return result
+        finally:
+            in_flight -= 1
+            if in_flight == FREE_CALLS and granted:
+                with _limit_lock:
+                    _setrecursionlimit(_getrecursionlimit() - granted)
+                    granted = 0
 
     return sync_stage  # type: ignore[return-value]
 
