@@ -84,16 +84,32 @@ def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
 
 
 def failed(request: Request, error: BaseException) -> None:
-    """The application raised ``error`` (or was cancelled): it goes on the request span."""
+    """The application raised ``error`` (or was cancelled): it goes on the request span,
+    unless the client had gone (a send failing, then the app failing because of it)."""
+    if request.cancelled:
+        return
     request.error = error
     request.cancelled = isinstance(error, asyncio.CancelledError)
 
 
+def disconnected(request: Request) -> None:
+    """The client went away before the response was complete: the request was cancelled
+    (``tracekit.cancelled``; not an error of the application's)."""
+    request.cancelled = True
+    request.error = None
+
+
 def leave(request: Request, tokens: tuple[Token[Ledger | None], object]) -> None:
-    """The application returned or failed: unbind, close the root, hand the record on."""
+    """The application returned or failed: unbind, close the root, hand the record on.
+
+    A response begun but never finished means the client disconnected: servers speaking ASGI
+    before 2.4 (uvicorn) drop the sends then, and Starlette cancels a streamed body when it
+    receives ``http.disconnect``, so the app returns as if all went well."""
     try:
         otel_context.detach(tokens[1])  # type: ignore[arg-type]
         reset_ledger(tokens[0])
+        if request.status and not request.end and request.error is None:
+            disconnected(request)
         root = request.root
         if root is not None:
             _accounting.close(root)

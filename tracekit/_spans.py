@@ -145,9 +145,7 @@ def _server_span(request: Request, resource: Any, scope: InstrumentationScope, e
     if error is not None and not request.cancelled:
         attrs[semconv.ERROR_TYPE] = _qualname(error)
         events.append(_exception_event(error, end + offset))
-    elif request.cancelled:
-        attrs["tracekit.cancelled"] = True
-    elif request.status >= 500:
+    elif request.status >= 500 and not request.cancelled:
         attrs[semconv.ERROR_TYPE] = str(request.status)
         status = Status(StatusCode.ERROR)
     return _span(name, context, parent, resource, attrs, events, _SERVER, status,

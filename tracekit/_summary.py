@@ -152,6 +152,8 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
         attrs[TTFB_MS] = (request.ttfb - request.start) / MS
     if request.chunks:
         stream_attributes(request, attrs)
+    if request.cancelled:
+        attrs[semconv.CANCELLED] = True
     return attrs
 
 

@@ -80,15 +80,23 @@ class TracekitMiddleware:
 
         async def watched_send(message: Message) -> None:
             kind = message["type"]
-            if kind == "http.response.body":
-                last = _http.body(request, message)
+            try:
+                if kind == "http.response.body":
+                    last = _http.body(request, message)
+                    await send(message)
+                    if last:
+                        _http.body_sent(request)
+                    return
+                if kind == "http.response.start":
+                    _http.response_start(request, message)
                 await send(message)
-                if last:
+                # A file the server sends itself (ASGI extensions): the body, or its last part.
+                if kind == "http.response.pathsend" or (
+                        kind == "http.response.zerocopysend" and not message.get("more_body")):
                     _http.body_sent(request)
-                return
-            if kind == "http.response.start":
-                _http.response_start(request, message)
-            await send(message)
+            except OSError:  # ASGI 2.4: the client has gone (the server's ClientDisconnected)
+                _http.disconnected(request)
+                raise
 
         try:
             await Stepped(self.app(scope, receive, watched_send), cast(Ledger, request.root))

@@ -59,6 +59,7 @@ ITL_P95_MS: Final = "tracekit.itl_p95_ms"
 ITL_MAX_MS: Final = "tracekit.itl_max_ms"
 TPOT_MS: Final = "tracekit.tpot_ms"
 CHUNKS: Final = "tracekit.chunks"
+CANCELLED: Final = "tracekit.cancelled"  # the client went away, or the request was cancelled
 INFLIGHT: Final = "tracekit.inflight"
 # The request span's own tracekit attributes reuse WALL_MS, CPU_MS, LOOP_WAIT_MS,
 # MAX_BLOCK_MS, ON_LOOP and BLOCKED_AT with request-wide meaning (sums; max over the request).
