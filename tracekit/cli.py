@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TextIO
+from urllib.parse import urlsplit
 
 from tracekit.errors import ConfigurationError, TracekitError
+from tracekit.render.text import escape_controls
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -79,7 +82,7 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
         "-o",
         "--output",
         metavar="FILE",
-        help="write the report here (atomically) instead of stdout",
+        help="write the report here instead of stdout (a file is replaced atomically)",
     )
     p.add_argument("--route", help="analyse only this route ('POST /v1/chat' or '/v1/chat')")
     p.add_argument(
@@ -157,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    line = " ".join(message.split())
+    line = escape_controls(" ".join(message.split()))  # a message can quote trace text
     if len(line) > _MAX_ERROR_CHARS:  # an exception text can quote megabytes of input
         line = line[: _MAX_ERROR_CHARS - 3] + "..."
     with contextlib.suppress(OSError):
@@ -191,9 +194,17 @@ def _run_analyze(args: argparse.Namespace) -> int:
         raise _UsageError(
             "give a trace file or --jaeger URL (exactly one) (see 'tracekit analyze --help')"
         )
+    if args.source == "":
+        raise _UsageError("empty trace file path")
+    if args.jaeger is not None and not _is_http_url(args.jaeger):
+        raise _UsageError(
+            f"--jaeger: {args.jaeger!r} is not an http(s) URL (e.g. http://localhost:16686)"
+        )
     if args.jaeger is not None and not args.service:
         raise _UsageError("--jaeger needs --service NAME (see 'tracekit analyze --help')")
     source = args.source if args.source is not None else args.jaeger
+    if args.output is not None:
+        _check_output(args.output, args.source)  # before the analysis, not after
     report = analyze(
         source,
         route=args.route,
@@ -203,7 +214,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         limit=args.limit,
     )
     for warning in report.warnings:
-        print(f"tracekit: warning: {' '.join(warning.split())}", file=sys.stderr)
+        print(f"tracekit: warning: {escape_controls(' '.join(warning.split()))}", file=sys.stderr)
     if args.format == "json":
         text = report.to_json() + "\n"
     elif args.format == "html":
@@ -215,10 +226,18 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if args.output is None:
         _write_stdout(text)
     else:
-        write_atomic(args.output, text)
+        write_output(args.output, text)
     if args.fail_on is not None and _reaches(report.worst_severity(), args.fail_on):
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _is_http_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
 
 
 def _write_stdout(text: str, stream: TextIO | None = None) -> None:
@@ -236,17 +255,119 @@ def _reaches(worst: str | None, threshold: str) -> bool:
     return worst is not None and SEVERITIES.index(worst) <= SEVERITIES.index(threshold)
 
 
+def write_output(path: str, text: str) -> None:
+    """Write the report to ``path`` (``-o``) the way that kind of path is meant to be written.
+
+    - a new name or a regular file: atomically (:func:`write_atomic`): a reader sees the old
+      file or the whole new one, and an existing file keeps its permissions;
+    - a symbolic link: followed; its target is written as above and the link stays a link;
+    - the very file this process's stdout or stderr is (``/dev/stdout``, ``/dev/fd/2``,
+      ``/proc/self/fd/1``): written to that descriptor, so a shell's ``>>`` still appends;
+    - a FIFO or a character device (``/dev/null``, a terminal): written into, never
+      replaced;
+    - a directory, a block device, a socket, an empty path: refused.
+
+    Args:
+        path: the ``-o`` argument.
+        text: the report.
+
+    Raises:
+        ConfigurationError: refused, or the write failed (one line naming ``path``).
+    """
+    kind, _ = _output_kind(path)
+    try:
+        if kind in ("stdout", "stderr"):
+            _write_fd(1 if kind == "stdout" else 2, text)
+        elif kind == "special":
+            fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))  # never creates
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            write_atomic(path, text)
+    except BrokenPipeError:
+        if kind == "stdout":
+            raise  # the reader of stdout went away: exit 141, as without -o
+        raise ConfigurationError(f"cannot write {path}: its reader went away") from None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _check_output(path: str, source: str | None) -> None:
+    # -o mistakes found before the analysis rather than after it.
+    kind, st = _output_kind(path)
+    if kind != "file":
+        return
+    if st is None:
+        folder = os.path.dirname(os.path.realpath(path))
+        if not os.path.isdir(folder):
+            raise ConfigurationError(f"cannot write {path}: no such directory {folder}")
+    elif source:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(source, path):
+                raise ConfigurationError(f"-o {path} is the trace file being read")
+
+
+def _output_kind(path: str) -> tuple[str, os.stat_result | None]:
+    # "file" (st None: it does not exist yet), "stdout", "stderr" or "special"; else raise.
+    if not path:
+        raise ConfigurationError("-o: empty file path")
+    try:
+        st = os.stat(path)  # follows symbolic links
+    except FileNotFoundError:
+        return "file", None  # a new file (or a dangling link: its target is created)
+    except OSError as exc:  # a link loop, a path through a file, no permission
+        raise ConfigurationError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a NUL in the path (Python callers; argv cannot hold one)
+        raise ConfigurationError(f"cannot write {path!r}: {exc}") from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigurationError(f"cannot write {path}: is a directory (-o takes a file path)")
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        with contextlib.suppress(OSError):
+            std = os.fstat(fd)
+            if (std.st_dev, std.st_ino) == (st.st_dev, st.st_ino):
+                return name, st
+    if stat.S_ISREG(st.st_mode):
+        return "file", st
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        return "special", st
+    raise ConfigurationError(f"cannot write {path}: not a regular file, FIFO or character device")
+
+
+def _write_fd(fd: int, text: str) -> None:
+    # Straight to the descriptor (its offset and O_APPEND are the shell's), after Python's
+    # own buffered stdout and stderr.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    data = memoryview(text.encode("utf-8"))
+    while data:
+        data = data[os.write(fd, data) :]
+
+
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
 
+    A symbolic link is followed: its target is replaced, the link stays. An existing file
+    keeps its permission bits (and, where this process may set it, its owner); one this
+    process may not write is refused, as a shell's ``>`` would refuse it.
+
     Args:
-        path: the destination.
+        path: the destination: a new name or a regular file.
         text: the content (UTF-8).
 
     Raises:
-        ConfigurationError: the file cannot be written (missing directory, permissions).
+        ConfigurationError: the file cannot be written (missing directory, permissions, not
+            a regular file).
     """
-    target = os.path.abspath(path)
+    target = os.path.realpath(path)
+    try:
+        old: os.stat_result | None = os.stat(target)
+    except OSError:
+        old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        raise ConfigurationError(f"cannot write {path}: not a regular file")
+    if old is not None and not os.access(target, os.W_OK):
+        raise ConfigurationError(f"cannot write {path}: permission denied")
     directory = os.path.dirname(target)
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tracekit-", suffix=".tmp")
@@ -255,10 +376,17 @@ def write_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        # mkstemp makes the file 0600; give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        if old is None:
+            # mkstemp makes the file 0600; give it the mode a plain open() would have.
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        else:
+            mode = stat.S_IMODE(old.st_mode)
+            if hasattr(os, "chown"):  # before chmod: chown clears set-id bits
+                with contextlib.suppress(OSError):
+                    os.chown(tmp, old.st_uid, old.st_gid)
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -5,11 +5,19 @@ only when the stream is a TTY and ``NO_COLOR`` is unset (``FORCE_COLOR`` or ``co
 forces it on), and box-drawing/arrows only when the stream's encoding can encode them. Every
 choice can be overridden by an argument. Reads ``report.to_dict()`` (or the dict itself), so
 a report loaded from JSON renders the same.
+
+Trace text cannot drive the terminal: every string of the report (keys included) passes
+through :func:`escape_controls` before it is laid out, so control characters (C0, DEL, C1
+such as U+009B CSI), bidirectional overrides and line separators from a span name, a route,
+an attribute or a loaded JSON report are shown as visible escapes (``\\x1b``, ``\\u202e``),
+never sent. The only control characters in the output are the renderer's own: newlines and,
+when colour is on, its SGR colour codes.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -53,6 +61,56 @@ UNICODE = Glyphs("█", "░", "→", "≤", "·")
 ASCII = Glyphs("#", ".", "->", "<=", "-")
 
 
+#: What a terminal could act on: C0 controls, DEL and C1 controls (U+009B is CSI, U+0085 NEL),
+#: the Unicode bidi controls (U+061C, U+200E/F, U+202A-U+202E, U+2066-U+2069: "Trojan
+#: Source" reordering), the line and paragraph separators, and lone surrogates.
+_OTHERS = "\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE = re.compile(f"[\x00-\x1f{_OTHERS}]")
+_UNSAFE_IN_CODE = re.compile(f"[\x00-\x08\x0b-\x1f{_OTHERS}]")  # keeps \t and \n
+_SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+#: Containers deeper than this are not rendered, so not escaped either (dropped).
+_MAX_DEPTH = 12
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}")
+
+
+def escape_controls(text: str, *, code: bool = False) -> str:
+    """``text`` with every character a terminal could act on shown as a visible escape.
+
+    Args:
+        text: trace text (a span name, a route, an error message...).
+        code: keep newlines and tabs (a multi-line code block the renderer lays out itself).
+
+    Returns:
+        The text: ESC becomes ``\\x1b``, U+009B ``\\u009b``, U+202E ``\\u202e``, a newline
+        ``\\n`` (unless ``code``); everything else, backslashes included, is unchanged.
+    """
+    pattern = _UNSAFE_IN_CODE if code else _UNSAFE
+    return pattern.sub(_escape, text) if pattern.search(text) else text
+
+
+def _escaped(value: Any, depth: int = 0, *, code: bool = False) -> Any:
+    # The report as the renderer lays it out: every string (keys too) escaped. Only a fix's
+    # "code" keeps its newlines and tabs; the renderer places each of its lines.
+    if isinstance(value, str):
+        return escape_controls(value, code=code)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if depth >= _MAX_DEPTH:
+        return None
+    if isinstance(value, Mapping):
+        return {
+            escape_controls(str(k)): _escaped(v, depth + 1, code=k == "code")
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_escaped(v, depth + 1) for v in value]
+    return escape_controls(str(value))
+
+
 def use_color(stream: TextIO) -> bool:
     """Whether to colour ``stream``: a TTY and ``NO_COLOR`` unset, or ``FORCE_COLOR`` set."""
     if os.environ.get("NO_COLOR"):
@@ -94,7 +152,7 @@ def render_text(
         The text, ending with a newline.
     """
     out = stream if stream is not None else sys.stdout
-    data: Mapping[str, Any] = report.to_dict() if hasattr(report, "to_dict") else report
+    data: Mapping[str, Any] = _escaped(report.to_dict() if hasattr(report, "to_dict") else report)
     if width is None:
         width = shutil.get_terminal_size((80, 24)).columns
     r = _Renderer(
@@ -286,8 +344,10 @@ class _Renderer:
             where.append(f"{g.dot} {f['stage']}")
         if f.get("function"):
             where.append(f"({f['function']})")
+        label = self._cut(severity.upper() if severity in _SEVERITIES else severity, 8)
+        rule = self._cut(str(f.get("rule")), self.width - 3 - len(label))
         self._add()
-        self._add(f"  {tone}{p.bold}{severity.upper()}{p.reset} {p.bold}{f.get('rule')}{p.reset}")
+        self._add(f"  {tone}{p.bold}{label}{p.reset} {p.bold}{rule}{p.reset}")
         self._wrap(" ".join(where), 4)
         self._wrap(str(f.get("evidence") or ""), 4)
         if _is_number(f.get("impact_ms")):
@@ -315,6 +375,7 @@ class _Renderer:
         self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4, self.p.green, hang=2)
 
 
+_SEVERITIES = ("high", "medium", "low")
 _PROJECTED = (("p50_ms", "p50", " ms"), ("p95_ms", "p95", " ms"), ("throughput_rps", "rps", ""))
 
 
