@@ -138,6 +138,7 @@ class Ledger:
             parent.active_children += 1
         if request is not None:
             request.ledgers.append(self)
+            request.pending += 1
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Attach an extra attribute to this stage's span (GenAI, tokens, ...)."""
@@ -224,8 +225,9 @@ def resume(led: Ledger, state: _loop.ThreadState, awaiting: Any, now: int) -> No
                 led.waits = note(led.waits, now - waited, waited)
 
 
-def close(led: Ledger, end: int = 0) -> None:
-    """End ``led`` at ``end`` (default: now) and report its interval to its parent."""
+def close(led: Ledger, end: int = 0) -> bool:
+    """End ``led`` at ``end`` (default: now) and report its interval to its parent; returns
+    whether it was the last open ledger of its request (which is then to be handed on)."""
     led.end = end = end or _clock.wall_ns()
     parent = led.parent
     if parent is not None:
@@ -234,6 +236,14 @@ def close(led: Ledger, end: int = 0) -> None:
             parent.child_spans = [(led.start, end)]
         else:
             parent.child_spans.append((led.start, end))
+    request = led.request
+    if request is None:
+        return False
+    # Read and written with no call between (no switch of threads can fall there under the
+    # GIL), so of two threads closing a request's last two ledgers only one sees zero.
+    left = request.pending - 1
+    request.pending = left
+    return left == 0
 
 
 def note(notes: list[tuple[int, int]] | None, start: int, duration: int) -> list[tuple[int, int]]:

@@ -111,11 +111,13 @@ def leave(request: Request, tokens: tuple[Token[Ledger | None], object]) -> None
         if request.status and not request.end and request.error is None:
             disconnected(request)
         root = request.root
-        if root is not None:
-            _accounting.close(root)
+        last = _accounting.close(root) if root is not None else True
         if request.enrich is not None and request.enrich.is_recording():
             enrich(request)
-        request.runtime.submit(request)
+        if last:
+            request.runtime.submit(request)
+        else:  # stages it spawned are still open: handed on when the last closes
+            request.runtime.linger(request)
     except Exception:
         internal_error("request finish")
 

@@ -14,6 +14,9 @@ from tracekit._accounting import Ledger
 
 # Span ids need uniqueness, not secrecy: the OpenTelemetry SDK's default generator uses this too.
 _bits: Final = random.getrandbits
+#: ``Request.pending`` once the record is handed on for span building: far below zero, so the
+#: closes of ledgers still open then never bring it back to zero.
+HANDED_ON: Final = -(1 << 40)
 
 
 def new_trace_id() -> int:
@@ -41,9 +44,9 @@ class Request:
     """
 
     __slots__ = (
-        "__dict__", "end", "inflight", "ledgers", "parent_span_id", "remote_parent", "root",
-        "root_path", "runtime", "scope", "server", "span_id", "start", "status", "trace_id",
-        "trace_state", "ttfb",
+        "__dict__", "end", "inflight", "ledgers", "parent_span_id", "pending", "remote_parent",
+        "root", "root_path", "runtime", "scope", "server", "span_id", "start", "status",
+        "trace_id", "trace_state", "ttfb",
     )  # fmt: skip
 
     chunk_first = 0
@@ -53,6 +56,7 @@ class Request:
     gap_max = 0
     error: BaseException | None = None
     cancelled = False
+    cutoff = 0  # handed on with ledgers still open (Runtime.linger): when; they end there
     enrich: Any = None  # an already-active server span we add attributes to
 
     def __init__(self, runtime: Any, trace_id: int, parent_span_id: int | None,
@@ -69,6 +73,9 @@ class Request:
         self.scope: dict[str, Any] | None = None  # the ASGI scope (a dict, as servers make it)
         self.root_path = ""  # the scope's root_path when the request arrived (before mounts)
         self.start = self.end = self.status = self.ttfb = self.inflight = 0
+        # Ledgers open (its root included): the record is handed on when the last one closes,
+        # so work the request spawned that outlives it is in its trace (issue 11); HANDED_ON after.
+        self.pending = 0
 
     def release(self) -> None:
         """Drop what the finished record references once its spans are built (or it is

@@ -26,10 +26,11 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from tracekit import _clock
 from tracekit._accounting import REQUEST
 from tracekit._context import current_ledger
 from tracekit._failsafe import internal_error, logger
-from tracekit._request import Request, new_trace_id
+from tracekit._request import HANDED_ON, Request, new_trace_id
 
 DRAIN_INTERVAL_S = 0.05
 # Finished requests waiting for the span-building thread. At WAKE_AT the builder is woken
@@ -42,6 +43,10 @@ DRAIN_INTERVAL_S = 0.05
 MAX_QUEUE = 8192
 WAKE_AT = 1024
 HELP_COUNT = 2
+# A request that ended while stages it spawned were still open waits for them at most this
+# long, then is handed on as it stands: those stages end there, marked unfinished (an async
+# generator abandoned unclosed never ends; a background task may run for ever).
+LINGER_S = 10.0
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -66,6 +71,7 @@ class Runtime:
         self.owns_processor = owns_processor
         self.dropped = 0
         self._queue: deque[Request] = deque()
+        self._lingering: deque[tuple[float, Request]] = deque()  # (deadline, request), in order
         self._lock = threading.Lock()  # held by a drain (the builder thread's, a flush's)
         self._count_lock = threading.Lock()
         self._helping = 0  # submitters building queued requests right now (see _help)
@@ -101,6 +107,7 @@ class Runtime:
     # --- hand-off ---------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         """Queue a finished request for span building (request path: cheap, never blocks)."""
+        request.pending = HANDED_ON  # a stage opened under it from now on is a tree of its own
         queue = self._queue
         waiting = len(queue)
         if waiting >= MAX_QUEUE:
@@ -116,6 +123,28 @@ class Runtime:
             self._help()
         if self._thread is None:
             self._start_thread()
+
+    def linger(self, request: Request) -> None:
+        """``request`` is over but stages it spawned are still open: the last of them to close
+        hands it on, or :meth:`_expire` does after ``LINGER_S``."""
+        self._lingering.append((time.monotonic() + LINGER_S, request))
+        if self._thread is None:
+            self._start_thread()
+
+    def _expire(self, everything: bool = False) -> None:
+        """Hand on the lingering requests past their deadline (``everything``: all of them),
+        their open stages ending now; forget those their last stage handed on."""
+        lingering = self._lingering
+        now = time.monotonic()
+        while lingering:
+            deadline, request = lingering[0]
+            if request.pending > 0 and deadline > now and not everything:
+                return
+            lingering.popleft()
+            if request.pending > 0:  # read and written with no call between (see _accounting.close)
+                request.pending = HANDED_ON
+                request.cutoff = _clock.wall_ns()
+                self.submit(request)
 
     def _help(self) -> None:
         """Build the oldest queued requests here (the builder is falling behind).
@@ -148,6 +177,7 @@ class Runtime:
         """Drain, stop the drain thread and (if tracekit created it) the processor."""
         self._stopped = True
         self._wake.set()
+        self._expire(everything=True)
         self._drain()
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -170,6 +200,8 @@ class Runtime:
         while not self._stopped:
             self._wake.wait(DRAIN_INTERVAL_S)
             self._wake.clear()
+            if self._lingering:
+                self._expire()
             self._drain()
 
     def _drain(self) -> None:
@@ -337,6 +369,13 @@ def unsampled_context(trace_id: int, span_id: int, trace_state: Any) -> Context:
     """Context for a request the sampler dropped: ids still propagate, flagged not sampled."""
     span_context = SpanContext(trace_id, span_id, False, _NOT_SAMPLED, trace_state)
     return otel_trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+def late_request(request: Request, parent_span_id: int) -> Request:
+    """A record for a stage opened under ``request`` after it was handed on (work the request
+    spawned, starting late): a tree of its own in the same trace, under ``parent_span_id``."""
+    return Request(request.runtime, request.trace_id, parent_span_id, False, request.trace_state,
+                   server=False)  # fmt: skip
 
 
 def standalone_request() -> Request | None:

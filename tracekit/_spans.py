@@ -99,6 +99,7 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
     # Span ids are made non-zero and 64-bit (_request.new_span_id): only the trace id, which
     # may come from a traceparent, decides whether a stage's context is valid.
     valid = ids_valid(trace_id, 1)
+    open_at = _summary.open_end(request, end)
     contexts: dict[Ledger, SpanContext] = {}  # ledger -> its span context, parents first
     spans = []
     ledgers = request.ledgers
@@ -115,7 +116,7 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
             _summary.stage_attributes(led, wall, children, wait, loop_wait),
             _events(led, offset) if led.blocked else (), _INTERNAL,
             _status(led.error) if led.error is not None else _OK,
-            led.start + offset, (led.end or end) + offset, scope,
+            led.start + offset, _summary.ledger_end(led, open_at) + offset, scope,
         ))  # fmt: skip
     if request.server:
         spans.append(_server_span(request, resource, scope, end, offset, request_context,

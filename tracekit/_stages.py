@@ -57,38 +57,47 @@ def open_ledger(site: Site, bind: bool = True, start: int = 0) -> Ledger | None:
         request = _runtime.standalone_request()
         if request is None:
             return None
-        led = Ledger(site, request, None, new_span_id(), start)
-        request.span_id = led.span_id
-        request.root = led
-        if bind:
-            led.otel_token = otel_context.attach(_runtime.request_context(request))
     else:
         request = parent.request
         if request is None:  # the request is not sampled
             return None
-        led = Ledger(site, request, parent, new_span_id(), start)
+        if request.pending < 0:  # opened after its request was handed on (work it spawned)
+            request = _runtime.late_request(request, parent.span_id)
+            parent = None
+    led = Ledger(site, request, parent, new_span_id(), start)
+    if parent is None:  # the root of a tree of its own
+        request.span_id = led.span_id
+        request.root = led
+        if bind:
+            led.otel_token = otel_context.attach(_runtime.request_context(request))
     if bind:
         led.token = set_ledger(led)
     return led
 
 
 def close_ledger(led: Ledger, error: BaseException | None, end: int = 0) -> None:
-    """Close ``led`` at ``end`` (default: now), unbind it, and hand a finished standalone
-    tree to the runtime; never raises."""
+    """Close ``led`` at ``end`` (default: now) and unbind it; hand its request on if it was
+    the last ledger open (a request whose spawned work outlived it, or a standalone tree),
+    or, a standalone tree's root closing before stages it spawned, let it linger; never
+    raises."""
     try:
-        _accounting.close(led, end)
         if error is not None:
-            led.error = error
+            led.error = error  # before the close: the close may hand the record on
+        request = led.request
+        if led.parent is None and request is not None:  # a standalone tree's root
+            request.start = led.start
+            request.end = end = end or _clock.wall_ns()
+        last = _accounting.close(led, end)
         if led.otel_token is not None:
             otel_context.detach(led.otel_token)  # type: ignore[arg-type]
         if led.token is not None:
             reset_ledger(led.token)
             led.token = None
-        request = led.request
-        if led.parent is None and request is not None:  # a standalone tree is complete
-            request.start = led.start
-            request.end = led.end
-            request.runtime.submit(request)
+        if request is not None:
+            if last:
+                request.runtime.submit(request)
+            elif led.parent is None:
+                request.runtime.linger(request)
     except Exception:
         internal_error("stage close")
 

@@ -56,11 +56,23 @@ def end_of(request: Request) -> int:
     return request.end or (request.root.end if request.root else 0)
 
 
+def open_end(request: Request, end: int) -> int:
+    """Where a ledger still open when ``request`` was handed on ends (``end``: the request's):
+    where the wait for it stopped (:meth:`tracekit._runtime.Runtime.linger`), else the
+    request's end; never before the ledger began (see :func:`ledger_end`)."""
+    return request.cutoff or end
+
+
+def ledger_end(led: Ledger, open_at: int) -> int:
+    """``led``'s end: its own, or ``open_at`` (:func:`open_end`) if it never closed."""
+    return led.end or max(open_at, led.start)
+
+
 def ledger_parts(request: Request, end: int = 0) -> list[tuple[int, int, int, int]]:
     """:func:`tracekit._accounting.split` of every ledger of ``request``, in ledger order
     (``end``: the request's end, default :func:`end_of`; for ledgers never closed)."""
-    end = end or end_of(request)
-    return [split(led, led.end or end) for led in request.ledgers]
+    open_at = open_end(request, end or end_of(request))
+    return [split(led, ledger_end(led, open_at)) for led in request.ledgers]
 
 
 def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait: int) -> dict[str, Any]:
