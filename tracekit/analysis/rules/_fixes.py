@@ -7,11 +7,17 @@ code, not a generic recipe.
 
 from __future__ import annotations
 
+import json
 import re
 
 from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP, TOKENIZERS_GIL
 
 _GIL_RATIO = TOKENIZERS_GIL["encode_batch"] / TOKENIZERS_GIL["encode"]
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Python string literal: trace text cannot end the string or the line."""
+    return json.dumps(text)
 
 
 def _ident(function: str | None, fallback: str) -> str:
@@ -32,7 +38,7 @@ def tokenize_off_loop(stage: str, function: str | None) -> tuple[str, str]:
     )
     code = f'''import asyncio
 
-@tracekit.stage("{stage}")
+@tracekit.stage({_literal(stage)})
 async def {fn}(text: str) -> list[int]:
     # was: tokenizer.encode(text) on the event loop, holding the GIL.
     # encode_batch releases the GIL: beside it a pure-Python thread ran
@@ -47,7 +53,7 @@ def process_pool(stage: str | None, function: str | None, route: str) -> tuple[s
     """Pure-Python CPU: a process pool (threads would still hold the GIL), or less work."""
     where = function or (stage if stage is not None else f"the {route} handler")
     fn = _ident(function, stage or "handler_work")
-    stage_line = f'@tracekit.stage("{stage}")\n' if stage is not None else ""
+    stage_line = f'@tracekit.stage({_literal(stage)})\n' if stage is not None else ""
     title = (
         f"Move {where}'s pure-Python CPU to a process pool (a thread would still hold the "
         f"GIL), or make it do less work"
@@ -74,7 +80,7 @@ def faster_serializer(stage: str, function: str | None) -> tuple[str, str]:
     )
     code = f'''import orjson
 
-@tracekit.stage("{stage}")
+@tracekit.stage({_literal(stage)})
 def {fn}(payload: dict) -> bytes:
     # was: json.dumps(payload).encode()
     return orjson.dumps(payload)  # or msgspec.json.encode(payload)
@@ -91,7 +97,8 @@ def unblock(stage: str | None, function: str | None, blocked_at: str | None) -> 
     """A blocking call on the loop: its async equivalent, else ``asyncio.to_thread``."""
     where = function or (stage if stage is not None else "the request handler")
     fn = _ident(function, stage or "handler")
-    caught = f"  # caught blocking at {blocked_at}" if blocked_at else ""
+    # One line: a comment that trace text cannot end (a newline in it would add a code line).
+    caught = f"  # caught blocking at {' '.join(blocked_at.split())}" if blocked_at else ""
     text = blocked_at or ""
     if _SLEEP.search(text):
         title = f"Replace time.sleep in {where} with await asyncio.sleep"
@@ -175,7 +182,7 @@ def async_model_client(stage: str, function: str | None) -> tuple[str, str]:
 
 client = openai.AsyncOpenAI(base_url=MODEL_URL)  # one shared async client
 
-@tracekit.stage("{stage}")
+@tracekit.stage({_literal(stage)})
 async def {fn}(messages):
     # was: a lock (or a sync client) around the call, so calls ran one at a time
     return await client.chat.completions.create(model=MODEL, messages=messages)
