@@ -12,6 +12,9 @@
   ``memory``, ``none``, or any SDK ``SpanExporter`` instance. Network exporters run behind a
   ``BatchSpanProcessor``: export happens on its thread, a slow or dead collector only fills
   (then overflows) its bounded queue and never delays a response.
+- Shutdown is bounded: when the server stops and at exit, tracekit waits for the export at
+  most ``shutdown_timeout_ms`` (``TRACEKIT_SHUTDOWN_TIMEOUT_MS``, default 5000), then logs
+  once how many spans were never exported (:mod:`tracekit._runtime`).
 
 The SDK is imported here, lazily: ``import tracekit`` does not load it.
 """
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from tracekit import _runtime
 from tracekit.errors import ConfigurationError
+
+T = TypeVar("T")
 
 logger = logging.getLogger("tracekit")
 
@@ -33,7 +39,7 @@ DEFAULT_BLOCK_THRESHOLD_MS = 20.0
 
 def configure(service_name: str | None = None, exporter: Any = None, *,
               sampler: Any = None, block_threshold_ms: float | None = None,
-              tracer_provider: Any = None) -> None:  # fmt: skip
+              tracer_provider: Any = None, shutdown_timeout_ms: float | None = None) -> None:  # fmt: skip
     """Set where tracekit's spans go (see the module docstring for the precedence rules).
 
     Args:
@@ -45,13 +51,21 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
         block_threshold_ms: the watchdog samples the loop's stack when one slice holds it
             longer than this (default 20 ms; ``TRACEKIT_BLOCK_THRESHOLD_MS``).
         tracer_provider: an SDK ``TracerProvider`` to join instead of the global one.
+        shutdown_timeout_ms: the longest tracekit waits for the export when the server stops
+            and at exit; what is not exported by then is counted, logged once, and dropped
+            (default 5000; ``TRACEKIT_SHUTDOWN_TIMEOUT_MS``; 0: never wait).
 
     Raises:
-        ConfigurationError: unknown exporter, bad threshold, or missing optional package.
+        ConfigurationError: unknown exporter, bad threshold or option, or missing optional
+            package.
     """
+    timeout = _setting(shutdown_timeout_ms, "TRACEKIT_SHUTDOWN_TIMEOUT_MS", float,
+                       _runtime.DEFAULT_SHUTDOWN_TIMEOUT_MS, _non_negative, "a number >= 0")  # fmt: skip
     previous = _runtime.current
     runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider)
+    _runtime.shutdown_timeout_ms = timeout
     _runtime.install(runtime)
+    _runtime.register_exit()  # after the SDK provider's: runs before it
     if previous is not None:
         previous.shutdown()
 
@@ -103,12 +117,40 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
     return runtime
 
 
+def _setting(value: T | None, env: str, parse: Callable[[str], T], default: T,
+             valid: Callable[[object], bool], what: str) -> T:  # fmt: skip
+    """An option: the argument (a ConfigurationError if not ``what``), else the environment
+    variable (one warning and the default if bad), else the default."""
+    if value is not None:
+        if not valid(value):
+            name = env.removeprefix("TRACEKIT_").lower()
+            raise ConfigurationError(f"{name} must be {what}, got {value!r}")
+        return value
+    raw = os.environ.get(env)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        parsed = parse(raw.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or not valid(parsed):
+        logger.warning("tracekit: %s=%r is not %s; using %r", env, raw, what, default)
+        return default
+    return parsed
+
+
+def _non_negative(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
 def _processor_for(exporter: Any) -> Any:
     """A span processor for an exporter name or instance (batching for network exporters)."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+
+    from tracekit.exporters._batch import CountedBatchSpanProcessor
 
     if isinstance(exporter, SpanExporter):
-        return BatchSpanProcessor(exporter)
+        return CountedBatchSpanProcessor(exporter)
     if not isinstance(exporter, str):
         raise ConfigurationError(f"exporter must be a name or a SpanExporter, got {type(exporter).__name__}")
     name, _, arg = exporter.partition(":")
@@ -133,7 +175,7 @@ def _processor_for(exporter: Any) -> Any:
 
         return SimpleSpanProcessor(InMemorySpanExporter())
     if name in ("otlp", "otlp-http", "otlp-grpc"):
-        return BatchSpanProcessor(_otlp_exporter(name))
+        return CountedBatchSpanProcessor(_otlp_exporter(name))
     raise ConfigurationError(f"unknown exporter {exporter!r}; expected one of {', '.join(EXPORTERS)}")
 
 
