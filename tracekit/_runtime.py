@@ -67,6 +67,8 @@ class Runtime:
         block_threshold_ms: the watchdog samples the loop's stack past this slice length.
     """
 
+    privacy: Any = None  # what spans may carry (tracekit._summary.Privacy); None: the defaults
+
     def __init__(self, processor: Any, resource: Any, sampler: Any = None,
                  block_threshold_ms: float = 20.0, owns_processor: bool = False) -> None:  # fmt: skip
         self.processor = processor

@@ -15,6 +15,9 @@
 - Shutdown is bounded: when the server stops and at exit, tracekit waits for the export at
   most ``shutdown_timeout_ms`` (``TRACEKIT_SHUTDOWN_TIMEOUT_MS``, default 5000), then logs
   once how many spans were never exported (:mod:`tracekit._runtime`).
+- Privacy (docs/attributes.md, "Privacy"): ``url.query`` values of sensitive keys are
+  redacted, exception messages cut to 256 characters; both adjustable (``TRACEKIT_RECORD_QUERY``,
+  ``TRACEKIT_REDACT_QUERY``, ``TRACEKIT_EXCEPTION_MESSAGE_LIMIT``).
 
 The SDK is imported here, lazily: ``import tracekit`` does not load it.
 """
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from tracekit import _runtime
+from tracekit._summary import DEFAULT_MESSAGE_LIMIT, Privacy
 from tracekit.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -39,7 +43,9 @@ DEFAULT_BLOCK_THRESHOLD_MS = 20.0
 
 def configure(service_name: str | None = None, exporter: Any = None, *,
               sampler: Any = None, block_threshold_ms: float | None = None,
-              tracer_provider: Any = None, shutdown_timeout_ms: float | None = None) -> None:  # fmt: skip
+              tracer_provider: Any = None, shutdown_timeout_ms: float | None = None,
+              record_query: bool | None = None, redact_query: Iterable[str] | None = None,
+              exception_message_limit: int | None = None) -> None:  # fmt: skip
     """Set where tracekit's spans go (see the module docstring for the precedence rules).
 
     Args:
@@ -54,6 +60,13 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
         shutdown_timeout_ms: the longest tracekit waits for the export when the server stops
             and at exit; what is not exported by then is counted, logged once, and dropped
             (default 5000; ``TRACEKIT_SHUTDOWN_TIMEOUT_MS``; 0: never wait).
+        record_query: record ``url.query`` at all (default true; ``TRACEKIT_RECORD_QUERY``).
+        redact_query: query keys whose values are recorded as ``REDACTED``, besides the
+            OpenTelemetry list (``sig``, ``X-Amz-Signature``, ...); ``"*"``: every value
+            (``TRACEKIT_REDACT_QUERY``, comma-separated).
+        exception_message_limit: characters of an exception's message recorded (status and
+            exception event); 0 records the exception's type only (default 256;
+            ``TRACEKIT_EXCEPTION_MESSAGE_LIMIT``).
 
     Raises:
         ConfigurationError: unknown exporter, bad threshold or option, or missing optional
@@ -61,8 +74,10 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
     """
     timeout = _setting(shutdown_timeout_ms, "TRACEKIT_SHUTDOWN_TIMEOUT_MS", float,
                        _runtime.DEFAULT_SHUTDOWN_TIMEOUT_MS, _non_negative, "a number >= 0")  # fmt: skip
+    privacy = privacy_for(record_query, redact_query, exception_message_limit)
     previous = _runtime.current
-    runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider)
+    runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider,
+                            privacy)  # fmt: skip
     _runtime.shutdown_timeout_ms = timeout
     _runtime.install(runtime)
     _runtime.register_exit()  # after the SDK provider's: runs before it
@@ -81,8 +96,9 @@ def runtime_for(tracer_provider: Any, service_name: str | None) -> _runtime.Runt
 
 
 def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
-                  block_threshold_ms: float | None, tracer_provider: Any) -> _runtime.Runtime:  # fmt: skip
-    """A runtime per the rules above (not installed)."""
+                  block_threshold_ms: float | None, tracer_provider: Any,
+                  privacy: Privacy | None = None) -> _runtime.Runtime:  # fmt: skip
+    """A runtime per the rules above (not installed); ``privacy``: from the environment if None."""
     from opentelemetry import trace as otel_trace
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -114,7 +130,24 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         otel_trace.set_tracer_provider(provider)
         runtime = _runtime.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
     runtime.watchdog = Watchdog(threshold)
+    runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)
     return runtime
+
+
+def privacy_for(record_query: bool | None, redact_query: Iterable[str] | None,
+                exception_message_limit: int | None) -> Privacy:  # fmt: skip
+    """The privacy options: arguments > ``TRACEKIT_*`` environment > defaults."""
+    if isinstance(redact_query, (str, bytes)):
+        raise ConfigurationError("redact_query must be a list of query keys, not a string")
+    if redact_query is not None and not all(isinstance(key, str) for key in redact_query):
+        raise ConfigurationError("redact_query must be a list of strings")
+    keys = redact_query if redact_query is not None else _env_keys("TRACEKIT_REDACT_QUERY")
+    return Privacy(
+        _setting(record_query, "TRACEKIT_RECORD_QUERY", _boolean, True, _is_bool, "true or false"),
+        keys,
+        _setting(exception_message_limit, "TRACEKIT_EXCEPTION_MESSAGE_LIMIT", int,
+                 DEFAULT_MESSAGE_LIMIT, _non_negative_int, "an integer >= 0"),
+    )  # fmt: skip
 
 
 def _setting(value: T | None, env: str, parse: Callable[[str], T], default: T,
@@ -141,6 +174,27 @@ def _setting(value: T | None, env: str, parse: Callable[[str], T], default: T,
 
 def _non_negative(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def _non_negative_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _boolean(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def _env_keys(env: str) -> list[str]:
+    return [key.strip() for key in os.environ.get(env, "").split(",") if key.strip()]
 
 
 def _processor_for(exporter: Any) -> Any:
