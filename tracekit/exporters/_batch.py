@@ -14,7 +14,6 @@ Imports the SDK: loaded by ``configure()`` only.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -31,14 +30,14 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
         self._counting = _CountingExporter(exporter)
         super().__init__(self._counting)
         self.received = 0  # sampled spans handed in (those the SDK's processor queues)
-        self._count_lock = threading.Lock()  # spans end on the builder and the app's threads
         _runtime.exports.add(self)
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context
         if context is not None and context.trace_flags.sampled:
-            with self._count_lock:
-                self.received += 1
+            # Not locked: two threads ending spans at once may rarely lose an increment (a
+            # figure for the log, not an invariant); a lock cost 0.3-1 µs a span.
+            self.received += 1
         super().on_end(span)
 
     def unexported(self) -> int:
