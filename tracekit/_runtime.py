@@ -8,6 +8,11 @@ the request path build a couple of queued requests itself. The spans then go to 
 processor (a
 ``BatchSpanProcessor`` exporting on its own thread) and to any active ``tracekit.record()``.
 
+Shutdown is bounded (see "shutdown" below): when the server stops (ASGI lifespan shutdown) and
+at exit, tracekit hands on what is queued and waits for the export at most
+``shutdown_timeout_ms`` (5 s by default), however dead or slow the collector, then logs once
+how many spans were never exported.
+
 Only ``configure()``/``record()`` create a runtime, and they import the SDK; this module
 imports the OpenTelemetry API only.
 """
@@ -47,6 +52,12 @@ HELP_COUNT = 2
 # long, then is handed on as it stands: those stages end there, marked unfinished (an async
 # generator abandoned unclosed never ends; a background task may run for ever).
 LINGER_S = 10.0
+# Kubernetes gives a pod 30 s between SIGTERM and SIGKILL, shared with the preStop hook and
+# the server's own drain of in-flight requests (LLM streams run for tens of seconds): tracing
+# gets a small, fixed slice of it. A reachable collector takes a full queue (2048 spans) in
+# well under a second; 5 s is also half the OTLP exporter's own per-export timeout, so one
+# stuck export cannot take the whole grace period.
+DEFAULT_SHUTDOWN_TIMEOUT_MS = 5000.0
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -60,6 +71,8 @@ class Runtime:
         sampler: an SDK ``Sampler``; None means parent-based always-on.
         block_threshold_ms: the watchdog samples the loop's stack past this slice length.
     """
+
+    privacy: Any = None  # what spans may carry (tracekit._summary.Privacy); None: the defaults
 
     def __init__(self, processor: Any, resource: Any, sampler: Any = None,
                  block_threshold_ms: float = 20.0, owns_processor: bool = False) -> None:  # fmt: skip
@@ -161,20 +174,26 @@ class Runtime:
             with self._count_lock:
                 self._helping -= 1
 
-    def flush(self, timeout_ms: int = 30_000) -> None:
-        """Build spans for every queued request now, then flush the span processor."""
-        self._drain()
+    def flush(self, timeout_ms: float = 30_000) -> bool:
+        """Build spans for every queued request now, then flush the span processor.
+
+        Returns within ``timeout_ms`` even when the processor does not (the SDK's batch
+        processor ignores its timeout): True when everything was handed on in time.
+        """
         deadline = time.monotonic() + timeout_ms / 1000
+        self._drain()
         while self._helping and time.monotonic() < deadline:  # another thread is helping
             time.sleep(0.001)
-        if self.processor is not None:
-            try:
-                self.processor.force_flush(timeout_ms)
-            except Exception:
-                internal_error("processor flush")
+        processor = self.processor
+        if processor is None:
+            return True
+        left = _ms_left(deadline)
+        return bounded(lambda: processor.force_flush(left), deadline, "processor flush")
 
-    def shutdown(self) -> None:
-        """Drain, stop the drain thread and (if tracekit created it) the processor."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Drain, stop the drain thread and (if tracekit created it) the processor, waiting
+        for the processor until ``deadline`` (``time.monotonic()``; default: the shutdown
+        timeout from now)."""
         self._stopped = True
         self._wake.set()
         self._expire(everything=True)
@@ -182,10 +201,8 @@ class Runtime:
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.processor is not None and self.owns_processor:
-            try:
-                self.processor.shutdown()
-            except Exception:
-                internal_error("processor shutdown")
+            until = shutdown_deadline() if deadline is None else deadline
+            bounded(self.processor.shutdown, until, "processor shutdown")
 
     def _start_thread(self) -> None:
         with self._lock:
@@ -194,7 +211,7 @@ class Runtime:
             thread = threading.Thread(target=self._run, name="tracekit-spans", daemon=True)
             self._thread = thread
             thread.start()
-            atexit.register(self.shutdown)
+            register_exit()
 
     def _run(self) -> None:
         while not self._stopped:
@@ -292,6 +309,114 @@ def flush_all() -> None:
     """Build and deliver everything queued in every runtime (what a recording reads)."""
     for runtime in list(_live):
         runtime.flush()
+
+
+# --- shutdown ------------------------------------------------------------------------------
+# Left to the SDK, an exit waits for the export up to 30 s (its provider's atexit shutdown
+# waits that long for the batch processor, a timeout nobody can set), while the processor
+# exports what is queued batch by batch: a collector refusing connections holds each batch
+# ~7 s (retries with backoff), one that accepts and never answers OTEL_EXPORTER_OTLP_TIMEOUT
+# (10 s). And uvicorn kills the process by re-raising SIGTERM once it has stopped: atexit
+# handlers never run, the spans still queued are lost, silently. So tracekit flushes when the
+# server stops (the ASGI lifespan shutdown: lifespan_send) and again at exit; each step waits
+# at most shutdown_timeout_ms, and once one has given up (the collector did not take the spans
+# in time), the later ones do not wait again.
+shutdown_timeout_ms: float = DEFAULT_SHUTDOWN_TIMEOUT_MS  # configure(shutdown_timeout_ms=...)
+_gave_up = False  # a shutdown step ran out of time; reset when a server starts
+_reported = 0  # spans (and requests) not exported, as last logged
+# tracekit's export processors (tracekit.exporters._batch), which count what they never exported
+exports: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def shutdown_deadline() -> float:
+    """When a shutdown step starting now must stop waiting (``time.monotonic()``)."""
+    return time.monotonic() + (0.0 if _gave_up else shutdown_timeout_ms / 1000)
+
+
+def bounded(call: Callable[[], object], deadline: float, what: str) -> bool:
+    """Run ``call`` on a daemon thread and wait for it until ``deadline`` at most (a stuck
+    export holds that thread, never the caller). True when it returned in time and not False."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except Exception:
+            result.append(False)
+            internal_error(what)
+
+    thread = threading.Thread(target=run, name="tracekit-flush", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    return bool(result) and result[0] is not False
+
+
+def lifespan_send(send: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap an ASGI lifespan ``send``: flush before the server hears that shutdown is
+    complete (uvicorn may kill the process right after), within the shutdown timeout."""
+
+    async def watched(message: Any) -> None:
+        global _gave_up
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "lifespan.startup.complete":
+            _gave_up = False  # a server starts: its shutdown gets the whole timeout again
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            try:
+                flush_for_shutdown()
+            except Exception:
+                internal_error("shutdown flush")
+        await send(message)
+
+    return watched
+
+
+def flush_for_shutdown(stop: bool = False) -> None:
+    """One shutdown step: build and export everything queued, waiting at most the shutdown
+    timeout (blocking: the server is stopping), then log what was never exported (once);
+    ``stop``: the process exits, stop the runtimes too."""
+    global _gave_up
+    started = time.monotonic()
+    deadline = shutdown_deadline()
+    for runtime in list(_live):
+        runtime._expire(everything=True)  # requests still waiting for stages they spawned
+        if not runtime.flush(_ms_left(deadline)):
+            _gave_up = True  # later steps (at exit: the SDK provider's shutdown) do not wait
+        if stop:
+            runtime.shutdown(deadline)
+    report_unexported(time.monotonic() - started)
+
+
+def register_exit() -> None:
+    """(Re-)register the exit hook, last: atexit runs the last registered first, and the
+    hook must run before the SDK provider's own, whose processors take what it drains."""
+    atexit.unregister(_exit)
+    atexit.register(_exit)
+
+
+def _exit() -> None:
+    flush_for_shutdown(stop=True)
+
+
+def report_unexported(waited_s: float) -> None:
+    """Log how many spans never reached the exporter (failed, dropped from a full queue, or
+    still queued when shutdown gave up), and requests never traced; once for each new loss."""
+    global _reported
+    spans = sum(processor.unexported() for processor in list(exports))
+    requests = sum(runtime.dropped for runtime in list(_live))
+    if spans + requests <= _reported:
+        return
+    _reported = spans + requests
+    total = sum(processor.received for processor in list(exports))
+    untraced = f" and {requests} requests were not traced" if requests else ""
+    logger.warning(
+        "tracekit: %d of %d spans were never exported (collector unreachable or too slow, or "
+        "the export queue full)%s; shutdown waited %.1f s (limit: shutdown_timeout_ms / "
+        "TRACEKIT_SHUTDOWN_TIMEOUT_MS = %g ms)",
+        spans, total, untraced, waited_s, shutdown_timeout_ms)  # fmt: skip
+
+
+def _ms_left(deadline: float) -> float:
+    return max(0.0, (deadline - time.monotonic()) * 1000)
 
 
 def install(runtime: Runtime | None) -> Runtime | None:

@@ -24,6 +24,13 @@ _OK: Final = Status(StatusCode.UNSET)
 _INTERNAL: Final = SpanKind.INTERNAL
 _SERVER: Final = SpanKind.SERVER
 _tuple_new: Final = tuple.__new__
+# exception.stacktrace: characters kept (its end: the innermost frames and the message), frames
+# kept per exception (the innermost), exceptions kept of a __cause__/__context__ chain.
+MAX_STACKTRACE: Final = 8192
+MAX_FRAMES: Final = 64
+MAX_CHAINED: Final = 8
+_CAUSED: Final = "\nThe above exception was the direct cause of the following exception:\n\n"
+_DURING: Final = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
 def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None,
@@ -88,6 +95,8 @@ def instrumentation_scope() -> InstrumentationScope:
 def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[ReadableSpan]:
     """All spans of one request: its stages, then (unless enriching) its SERVER span."""
     end = _summary.end_of(request)
+    privacy = getattr(request.runtime, "privacy", None) or _summary.DEFAULT_PRIVACY
+    limit = privacy.message_limit
     trace_id, trace_state = request.trace_id, request.trace_state
     parts = _summary.ledger_parts(request, end)
     offset = _clock.epoch_ns(0)
@@ -115,12 +124,12 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
             led.site.name, context, parent, resource,
             _summary.stage_attributes(led, wall, children, wait, loop_wait),
             _events(led, offset) if led.blocked else (), _INTERNAL,
-            _status(led.error) if led.error is not None else _OK,
+            _status(led.error, limit) if led.error is not None else _OK,
             led.start + offset, _summary.ledger_end(led, open_at) + offset, scope,
         ))  # fmt: skip
     if request.server:
         spans.append(_server_span(request, resource, scope, end, offset, request_context,
-                                  remote_parent, parts))  # fmt: skip
+                                  remote_parent, parts, privacy))  # fmt: skip
     return spans
 
 
@@ -136,16 +145,18 @@ def _span(name: str, context: SpanContext, parent: SpanContext | None, resource:
 
 def _server_span(request: Request, resource: Any, scope: InstrumentationScope, end: int,
                  offset: int, context: SpanContext, parent: SpanContext | None,
-                 parts: list[tuple[int, int, int, int]]) -> ReadableSpan:  # fmt: skip
-    name, attrs = _summary.http_attributes(request)
+                 parts: list[tuple[int, int, int, int]],
+                 privacy: _summary.Privacy) -> ReadableSpan:  # fmt: skip
+    name, attrs = _summary.http_attributes(request, privacy)
     _summary.request_attributes(request, parts, attrs)
     error = request.error
-    status = _status(error)
+    limit = privacy.message_limit
+    status = _status(error, limit)
     root = request.root
     events: list[Event] = list(_events(root, offset)) if root is not None and root.blocked else []
     if error is not None and not request.cancelled:
         attrs[semconv.ERROR_TYPE] = _qualname(error)
-        events.append(_exception_event(error, end + offset))
+        events.append(_exception_event(error, end + offset, limit))
     elif request.status >= 500 and not request.cancelled:
         attrs[semconv.ERROR_TYPE] = str(request.status)
         status = Status(StatusCode.ERROR)
@@ -153,10 +164,10 @@ def _server_span(request: Request, resource: Any, scope: InstrumentationScope, e
                  request.start + offset, end + offset, scope)  # fmt: skip
 
 
-def _status(error: BaseException | None) -> Status:
+def _status(error: BaseException | None, limit: int) -> Status:
     if error is None or _is_cancel(error):
         return _OK
-    return Status(StatusCode.ERROR, f"{_qualname(error)}: {error}"[:1024])
+    return Status(StatusCode.ERROR, _headline(error, limit))
 
 
 def _is_cancel(error: BaseException) -> bool:
@@ -171,13 +182,49 @@ def _qualname(error: BaseException) -> str:
     return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
 
 
-def _exception_event(error: BaseException, when: int) -> Event:
-    stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return Event("exception", {
-        "exception.type": _qualname(error),
-        "exception.message": str(error)[:4096],
-        "exception.stacktrace": stack[-16384:],
-    }, timestamp=when)  # fmt: skip
+def _exception_event(error: BaseException, when: int, limit: int) -> Event:
+    """The OpenTelemetry ``exception`` event; messages cut to ``limit`` characters, none at 0."""
+    attributes = {"exception.type": _qualname(error)}
+    if limit > 0:
+        attributes["exception.message"] = _summary.clip(_message(error), limit)
+    attributes["exception.stacktrace"] = _stacktrace(error, limit)[-MAX_STACKTRACE:]
+    return Event("exception", attributes, timestamp=when)
+
+
+def _headline(error: BaseException, limit: int) -> str:
+    """``type: message`` as a traceback ends, the message cut to ``limit`` (none at 0)."""
+    name = _qualname(error)
+    message = _message(error) if limit > 0 else ""
+    return f"{name}: {_summary.clip(message, limit)}" if message else name
+
+
+def _message(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:  # a broken __str__ must not cost the request its spans
+        return "<str() failed>"
+
+
+def _stacktrace(error: BaseException, limit: int) -> str:
+    """What ``traceback.format_exception`` prints, but each message through :func:`_headline`
+    (the frames name code, never values; notes and exception groups' members are left out)."""
+    text = ""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen and len(seen) < MAX_CHAINED:
+        seen.add(id(current))
+        frames = traceback.format_tb(current.__traceback__, -MAX_FRAMES)
+        head = "Traceback (most recent call last):\n" + "".join(frames) if frames else ""
+        text = head + _headline(current, limit) + "\n" + text
+        if current.__cause__ is not None:
+            current = current.__cause__
+            text = _CAUSED + text
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current = current.__context__
+            text = _DURING + text
+        else:
+            current = None
+    return text
 
 
 def _events(led: Ledger, offset: int) -> tuple[Event, ...]:

@@ -8,8 +8,9 @@ as the request ends.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+from urllib.parse import unquote
 
 from tracekit import semconv
 from tracekit._accounting import MS, Ledger, cpu_of, split
@@ -43,6 +44,69 @@ _SERVER_TEMPLATE: dict[str, Any] = dict.fromkeys((
     semconv.NETWORK_PROTOCOL_VERSION, WALL_MS, CPU_MS, LOOP_WAIT_MS, MODEL_WAIT_MS, IO_WAIT_MS,
     OVERHEAD_MS, MAX_BLOCK_MS, ON_LOOP, INFLIGHT,
 ))  # fmt: skip
+
+
+# --- privacy (docs/attributes.md, "Privacy") ---------------------------------------------------
+REDACTED: Final = "REDACTED"
+# Query keys whose values are recorded as REDACTED: the OpenTelemetry HTTP conventions' list
+# for url.query (its current version and the earlier one), matched case-sensitively as they
+# say; the key itself stays (``q=x&sig=REDACTED``).
+SENSITIVE_QUERY_KEYS: Final[tuple[str, ...]] = (
+    "AWSAccessKeyId", "Signature", "X-Amz-Credential", "X-Amz-Security-Token", "X-Amz-Signature",
+    "X-Goog-Signature", "sig",
+)  # fmt: skip
+# Characters kept of an exception's message (status, exception event): enough for "connection
+# refused to host:port" diagnostics, short of the prompt a message may quote.
+DEFAULT_MESSAGE_LIMIT: Final = 256
+# Characters kept of a string tracekit did not make: read from the request (path, query,
+# headers) or set on a stage by an integration or the application.
+MAX_VALUE: Final = 2048
+
+
+class Privacy:
+    """What tracekit's spans may carry of a request's data (``tracekit.configure()`` options).
+
+    Args:
+        record_query: record ``url.query`` at all.
+        redact_query: query keys whose values are redacted besides ``SENSITIVE_QUERY_KEYS``;
+            ``"*"`` redacts every value.
+        exception_message_limit: characters kept of an exception's message (then ``…``); 0
+            records none: the exception's type only.
+    """
+
+    def __init__(self, record_query: bool = True, redact_query: Iterable[str] = (),
+                 exception_message_limit: int = DEFAULT_MESSAGE_LIMIT) -> None:  # fmt: skip
+        extra = set(redact_query)
+        self.record_query = record_query
+        self.redact_every = "*" in extra
+        self.redacted_keys: frozenset[str] = frozenset(SENSITIVE_QUERY_KEYS).union(extra)
+        self.message_limit = exception_message_limit
+
+
+DEFAULT_PRIVACY: Final = Privacy()
+
+
+def redact_query(query: str, privacy: Privacy) -> str:
+    """``query`` with the values of sensitive keys replaced by ``REDACTED``, the rest verbatim."""
+    if "=" not in query:
+        return query
+    parts = query.split("&")
+    changed = False
+    for i in range(len(parts)):
+        key, _, value = parts[i].partition("=")
+        if value and (privacy.redact_every or _query_key(key) in privacy.redacted_keys):
+            parts[i] = key + "=" + REDACTED
+            changed = True
+    return "&".join(parts) if changed else query
+
+
+def _query_key(key: str) -> str:
+    return unquote(key) if "%" in key else key  # "X%2DAmz%2DSignature" is that key too
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, then ``…`` where it was cut."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def percentile(sorted_values: list[int], q: float) -> int:
@@ -101,7 +165,8 @@ def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait
     if not led.end:
         attrs["tracekit.unfinished"] = True
     if led.attributes:
-        attrs.update(led.attributes)
+        for key, value in led.attributes.items():
+            attrs[key] = clip(value, MAX_VALUE) if isinstance(value, str) else value
     return attrs
 
 
@@ -184,20 +249,22 @@ def stream_attributes(request: Request, attrs: dict[str, Any]) -> None:
         attrs[semconv.TPOT_MS] = (request.chunk_last - request.chunk_first) / (request.chunks - 1) / MS
 
 
-def http_attributes(request: Request) -> tuple[str, dict[str, Any]]:
-    """Span name and OpenTelemetry HTTP server attributes (stable conventions) from the scope;
-    the dict has room for the request's own attributes (:func:`request_attributes`)."""
+def http_attributes(request: Request, privacy: Privacy = DEFAULT_PRIVACY) -> tuple[str, dict[str, Any]]:
+    """Span name and OpenTelemetry HTTP server attributes (stable conventions) from the scope,
+    as ``privacy`` allows; the dict has room for the request's own attributes
+    (:func:`request_attributes`). Values read from the request are clipped to ``MAX_VALUE``
+    characters; no other header than ``User-Agent`` and ``Host`` is read."""
     scope = request.scope or {}
     method = scope.get("method", "GET")
     route = route_template(scope, request)
     attrs = _SERVER_TEMPLATE.copy()
     attrs[semconv.HTTP_REQUEST_METHOD] = method
-    attrs[semconv.URL_PATH] = scope.get("path", "")
+    attrs[semconv.URL_PATH] = clip(scope.get("path", ""), MAX_VALUE)
     attrs[semconv.URL_SCHEME] = scope.get("scheme", "http")
     attrs[semconv.NETWORK_PROTOCOL_VERSION] = scope.get("http_version", "1.1")
     query = scope.get("query_string")
-    if query:
-        attrs[semconv.URL_QUERY] = query.decode("latin-1")
+    if query and privacy.record_query:  # redacted before it is clipped: no half-cut secret
+        attrs[semconv.URL_QUERY] = clip(redact_query(query.decode("latin-1"), privacy), MAX_VALUE)
     if route:
         attrs[semconv.HTTP_ROUTE] = route
     if request.status:
@@ -213,9 +280,10 @@ def http_attributes(request: Request) -> tuple[str, dict[str, Any]]:
         attrs[semconv.CLIENT_PORT] = int(client[1])
     for key, value in scope.get("headers", ()):
         if key == b"user-agent":
-            attrs[semconv.USER_AGENT_ORIGINAL] = value.decode("latin-1")
+            attrs[semconv.USER_AGENT_ORIGINAL] = clip(value.decode("latin-1"), MAX_VALUE)
         elif key == b"host" and semconv.SERVER_ADDRESS not in attrs:
-            attrs[semconv.SERVER_ADDRESS] = value.decode("latin-1").rsplit(":", 1)[0]
+            host = value.decode("latin-1").rsplit(":", 1)[0]
+            attrs[semconv.SERVER_ADDRESS] = clip(host, MAX_VALUE)
     return (f"{method} {route}" if route else method), attrs
 
 

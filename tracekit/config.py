@@ -12,6 +12,12 @@
   ``memory``, ``none``, or any SDK ``SpanExporter`` instance. Network exporters run behind a
   ``BatchSpanProcessor``: export happens on its thread, a slow or dead collector only fills
   (then overflows) its bounded queue and never delays a response.
+- Shutdown is bounded: when the server stops and at exit, tracekit waits for the export at
+  most ``shutdown_timeout_ms`` (``TRACEKIT_SHUTDOWN_TIMEOUT_MS``, default 5000), then logs
+  once how many spans were never exported (:mod:`tracekit._runtime`).
+- Privacy (docs/attributes.md, "Privacy"): ``url.query`` values of sensitive keys are
+  redacted, exception messages cut to 256 characters; both adjustable (``TRACEKIT_RECORD_QUERY``,
+  ``TRACEKIT_REDACT_QUERY``, ``TRACEKIT_EXCEPTION_MESSAGE_LIMIT``).
 
 The SDK is imported here, lazily: ``import tracekit`` does not load it.
 """
@@ -20,10 +26,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from tracekit import _runtime
+from tracekit._summary import DEFAULT_MESSAGE_LIMIT, Privacy
 from tracekit.errors import ConfigurationError
+
+T = TypeVar("T")
 
 logger = logging.getLogger("tracekit")
 
@@ -33,7 +43,9 @@ DEFAULT_BLOCK_THRESHOLD_MS = 20.0
 
 def configure(service_name: str | None = None, exporter: Any = None, *,
               sampler: Any = None, block_threshold_ms: float | None = None,
-              tracer_provider: Any = None) -> None:  # fmt: skip
+              tracer_provider: Any = None, shutdown_timeout_ms: float | None = None,
+              record_query: bool | None = None, redact_query: Iterable[str] | None = None,
+              exception_message_limit: int | None = None) -> None:  # fmt: skip
     """Set where tracekit's spans go (see the module docstring for the precedence rules).
 
     Args:
@@ -45,13 +57,30 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
         block_threshold_ms: the watchdog samples the loop's stack when one slice holds it
             longer than this (default 20 ms; ``TRACEKIT_BLOCK_THRESHOLD_MS``).
         tracer_provider: an SDK ``TracerProvider`` to join instead of the global one.
+        shutdown_timeout_ms: the longest tracekit waits for the export when the server stops
+            and at exit; what is not exported by then is counted, logged once, and dropped
+            (default 5000; ``TRACEKIT_SHUTDOWN_TIMEOUT_MS``; 0: never wait).
+        record_query: record ``url.query`` at all (default true; ``TRACEKIT_RECORD_QUERY``).
+        redact_query: query keys whose values are recorded as ``REDACTED``, besides the
+            OpenTelemetry list (``sig``, ``X-Amz-Signature``, ...); ``"*"``: every value
+            (``TRACEKIT_REDACT_QUERY``, comma-separated).
+        exception_message_limit: characters of an exception's message recorded (status and
+            exception event); 0 records the exception's type only (default 256;
+            ``TRACEKIT_EXCEPTION_MESSAGE_LIMIT``).
 
     Raises:
-        ConfigurationError: unknown exporter, bad threshold, or missing optional package.
+        ConfigurationError: unknown exporter, bad threshold or option, or missing optional
+            package.
     """
+    timeout = _setting(shutdown_timeout_ms, "TRACEKIT_SHUTDOWN_TIMEOUT_MS", float,
+                       _runtime.DEFAULT_SHUTDOWN_TIMEOUT_MS, _non_negative, "a number >= 0")  # fmt: skip
+    privacy = privacy_for(record_query, redact_query, exception_message_limit)
     previous = _runtime.current
-    runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider)
+    runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider,
+                            privacy)  # fmt: skip
+    _runtime.shutdown_timeout_ms = timeout
     _runtime.install(runtime)
+    _runtime.register_exit()  # after the SDK provider's: runs before it
     if previous is not None:
         previous.shutdown()
 
@@ -67,8 +96,9 @@ def runtime_for(tracer_provider: Any, service_name: str | None) -> _runtime.Runt
 
 
 def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
-                  block_threshold_ms: float | None, tracer_provider: Any) -> _runtime.Runtime:  # fmt: skip
-    """A runtime per the rules above (not installed)."""
+                  block_threshold_ms: float | None, tracer_provider: Any,
+                  privacy: Privacy | None = None) -> _runtime.Runtime:  # fmt: skip
+    """A runtime per the rules above (not installed); ``privacy``: from the environment if None."""
     from opentelemetry import trace as otel_trace
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -100,15 +130,81 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         otel_trace.set_tracer_provider(provider)
         runtime = _runtime.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
     runtime.watchdog = Watchdog(threshold)
+    runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)
     return runtime
+
+
+def privacy_for(record_query: bool | None, redact_query: Iterable[str] | None,
+                exception_message_limit: int | None) -> Privacy:  # fmt: skip
+    """The privacy options: arguments > ``TRACEKIT_*`` environment > defaults."""
+    if isinstance(redact_query, (str, bytes)):
+        raise ConfigurationError("redact_query must be a list of query keys, not a string")
+    if redact_query is not None and not all(isinstance(key, str) for key in redact_query):
+        raise ConfigurationError("redact_query must be a list of strings")
+    keys = redact_query if redact_query is not None else _env_keys("TRACEKIT_REDACT_QUERY")
+    return Privacy(
+        _setting(record_query, "TRACEKIT_RECORD_QUERY", _boolean, True, _is_bool, "true or false"),
+        keys,
+        _setting(exception_message_limit, "TRACEKIT_EXCEPTION_MESSAGE_LIMIT", int,
+                 DEFAULT_MESSAGE_LIMIT, _non_negative_int, "an integer >= 0"),
+    )  # fmt: skip
+
+
+def _setting(value: T | None, env: str, parse: Callable[[str], T], default: T,
+             valid: Callable[[object], bool], what: str) -> T:  # fmt: skip
+    """An option: the argument (a ConfigurationError if not ``what``), else the environment
+    variable (one warning and the default if bad), else the default."""
+    if value is not None:
+        if not valid(value):
+            name = env.removeprefix("TRACEKIT_").lower()
+            raise ConfigurationError(f"{name} must be {what}, got {value!r}")
+        return value
+    raw = os.environ.get(env)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        parsed = parse(raw.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or not valid(parsed):
+        logger.warning("tracekit: %s=%r is not %s; using %r", env, raw, what, default)
+        return default
+    return parsed
+
+
+def _non_negative(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def _non_negative_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _boolean(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def _env_keys(env: str) -> list[str]:
+    return [key.strip() for key in os.environ.get(env, "").split(",") if key.strip()]
 
 
 def _processor_for(exporter: Any) -> Any:
     """A span processor for an exporter name or instance (batching for network exporters)."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+
+    from tracekit.exporters._batch import CountedBatchSpanProcessor
 
     if isinstance(exporter, SpanExporter):
-        return BatchSpanProcessor(exporter)
+        return CountedBatchSpanProcessor(exporter)
     if not isinstance(exporter, str):
         raise ConfigurationError(f"exporter must be a name or a SpanExporter, got {type(exporter).__name__}")
     name, _, arg = exporter.partition(":")
@@ -133,7 +229,7 @@ def _processor_for(exporter: Any) -> Any:
 
         return SimpleSpanProcessor(InMemorySpanExporter())
     if name in ("otlp", "otlp-http", "otlp-grpc"):
-        return BatchSpanProcessor(_otlp_exporter(name))
+        return CountedBatchSpanProcessor(_otlp_exporter(name))
     raise ConfigurationError(f"unknown exporter {exporter!r}; expected one of {', '.join(EXPORTERS)}")
 
 

@@ -1,7 +1,8 @@
 """``TracekitMiddleware``: one SERVER span per HTTP request, with full attribution.
 
 Pure ASGI (never ``BaseHTTPMiddleware``): lifespan and websocket scopes pass through in the
-first lines; per-request state lives in locals and closures, never on ``self``. The app's
+first lines (at lifespan shutdown tracekit first exports its spans, within the shutdown
+timeout); per-request state lives in locals and closures, never on ``self``. The app's
 coroutine is driven step by step (:mod:`tracekit._steps`), so the request's own code (the
 handler, the framework) is accounted like a stage; ``send`` is watched for TTFB, TTFT,
 inter-chunk latency and the last byte, which ends the span (DESIGN §1).
@@ -53,6 +54,8 @@ class TracekitMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan":  # the server stops: export first (bounded; _runtime)
+                send = _runtime.lifespan_send(send)
             await self.app(scope, receive, send)
             return
         runtime = self._runtime  # set only when given its own tracer_provider

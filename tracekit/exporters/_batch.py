@@ -1,0 +1,74 @@
+"""The batch span processor ``configure()`` puts in front of a network exporter (OTLP).
+
+The SDK's ``BatchSpanProcessor`` (export on its own thread, a bounded queue), plus what it
+lacks for a bounded shutdown (:mod:`tracekit._runtime`, "shutdown"):
+
+- ``force_flush`` and ``shutdown`` return by their deadline whatever the collector does. The
+  SDK's ``force_flush`` ignores its timeout and its ``shutdown`` waits up to 30 s, while a
+  collector that refuses connections holds each batch of 512 spans for ~7 s of retries, and
+  one that never answers for ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s).
+- counts of the spans handed in and of those exported, for the line logged at shutdown.
+
+Imports the SDK: loaded by ``configure()`` only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from tracekit import _runtime
+
+
+class CountedBatchSpanProcessor(BatchSpanProcessor):
+    """``BatchSpanProcessor(exporter)`` with bounded flush and shutdown, counting its spans."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._counting = _CountingExporter(exporter)
+        super().__init__(self._counting)
+        self.received = 0  # sampled spans handed in (those the SDK's processor queues)
+        _runtime.exports.add(self)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        if context is not None and context.trace_flags.sampled:
+            # Not locked: two threads ending spans at once may rarely lose an increment (a
+            # figure for the log, not an invariant); a lock cost 0.3-1 µs a span.
+            self.received += 1
+        super().on_end(span)
+
+    def unexported(self) -> int:
+        """Spans handed in and not (yet) exported: failed, dropped, queued or in flight."""
+        return max(0, self.received - self._counting.exported)
+
+    def force_flush(self, timeout_millis: int | None = None) -> bool:
+        timeout_s = (30_000 if timeout_millis is None else timeout_millis) / 1000
+        flush = super().force_flush
+        return _runtime.bounded(flush, time.monotonic() + timeout_s, "span export flush")
+
+    def shutdown(self) -> None:
+        # The SDK provider's atexit handler calls this too: bounded by the shutdown timeout.
+        _runtime.bounded(super().shutdown, _runtime.shutdown_deadline(), "span export shutdown")
+
+
+class _CountingExporter(SpanExporter):
+    """Passes batches to ``exporter``, counting the spans it exported."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self.exported = 0  # written by the batch processor's exports, one at a time
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.exporter.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
