@@ -219,6 +219,7 @@ def enter(site: Site, block: bool) -> tuple[Ledger, Ledger | None] | None:
             _accounting.step_end(outer, state, now, cpu, loop is not None)
         _accounting.step_begin(led, state, now, cpu)
         led.state = state
+        led.sync_call = block and (outer is None or outer.sync_call)  # a block in sync code
         return led, outer
     except Exception:
         internal_error("stage start")

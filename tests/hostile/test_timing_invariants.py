@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import tracekit
@@ -129,6 +129,7 @@ async def run_async(tree: Any) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tree=trees)
+@example(tree=("sync", 0, (("block", 0, (("block", 0, ()),)),)))  # nested blocks in a sync call
 def test_invariants_hold_with_collections_inside_stages(expensive_gc: None, tree: Any) -> None:
     with tracekit.record() as rec:
         run_sync(tree)
