@@ -36,7 +36,7 @@ from typing import IO, Any, cast
 
 import orjson
 
-from tracekit.analysis._jaeger_api import fetch, is_url, query_url
+from tracekit.analysis._jaeger_api import fetch, is_url, limits, query_url
 from tracekit.analysis._jaeger_json import is_jaeger, jaeger_spans
 from tracekit.analysis._otlp_json import is_otlp, otlp_spans
 from tracekit.analysis._otlp_typed import typed_spans
@@ -93,6 +93,8 @@ def read_spans(
     service: str | None = None,
     lookback: str = _DEFAULT_LOOKBACK,
     limit: int | None = None,
+    timeout: float | None = None,
+    max_response_mb: float | None = None,
 ) -> SpanStream:
     """Read normalised spans from a trace file, a Jaeger query API, or in-memory spans.
 
@@ -103,6 +105,9 @@ def read_spans(
         service: the service to query (Jaeger API only, and required there).
         lookback: how far back the Jaeger query searches, e.g. ``"1h"``, ``"30m"``, ``"2d"``.
         limit: the most traces the Jaeger query returns (default: Jaeger's own).
+        timeout: seconds the whole Jaeger query may take, from connecting to the answer's
+            last byte (default 60).
+        max_response_mb: the largest Jaeger answer read, in MiB (default 256).
 
     Returns:
         A :class:`SpanStream`: an iterator of :class:`Span` with ``.stats`` and ``.source``.
@@ -115,15 +120,18 @@ def read_spans(
             file, an unsupported source type).
         SourceNotFoundError: the file is missing, a directory or unreadable; the Jaeger API is
             unreachable, timed out or answered an error (while iterating).
-        TraceFormatError: the data is not a trace file (while iterating).
+        TraceFormatError: the data is not a trace file, or the Jaeger answer is larger than
+            the limit (while iterating).
     """
     stats = ReadStats()
     if isinstance(source, str | bytes | os.PathLike):
         name = os.fsdecode(source)
         if is_url(name):
             url = query_url(name, service, lookback, limit)
-            return SpanStream(_guard(_api_spans(url, stats), url), name, stats)
-        _reject_query_options(service, lookback, limit)
+            seconds, max_bytes = limits(timeout, max_response_mb)
+            spans = _api_spans(url, stats, seconds, max_bytes)
+            return SpanStream(_guard(spans, url), name, stats)
+        _reject_query_options(service, lookback, limit, timeout, max_response_mb)
         path = _readable(name)
         return SpanStream(_guard(_file_spans(path, name, stats), name), name, stats)
     if isinstance(source, bytearray | Mapping) or not isinstance(source, Iterable):
@@ -131,7 +139,7 @@ def read_spans(
             f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
             "or an iterable of spans"
         )
-    _reject_query_options(service, lookback, limit)
+    _reject_query_options(service, lookback, limit, timeout, max_response_mb)
     stats.format = "memory"
     return SpanStream(memory_spans(source, stats), "memory", stats)
 
@@ -158,9 +166,19 @@ def detect_format(path: str | bytes | os.PathLike[str]) -> str:
     raise TraceFormatError(f"{name}: empty file")  # pragma: no cover - _documents raises first
 
 
-def _reject_query_options(service: str | None, lookback: str, limit: int | None) -> None:
-    if service is not None or limit is not None or lookback != _DEFAULT_LOOKBACK:
-        raise ConfigurationError("service, lookback and limit apply only to a Jaeger query URL")
+def _reject_query_options(
+    service: str | None,
+    lookback: str,
+    limit: int | None,
+    timeout: float | None,
+    max_response_mb: float | None,
+) -> None:
+    options = (service, limit, timeout, max_response_mb)
+    if any(option is not None for option in options) or lookback != _DEFAULT_LOOKBACK:
+        raise ConfigurationError(
+            "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
+            "query URL"
+        )
 
 
 def _readable(name: str) -> Path:
@@ -198,10 +216,10 @@ def _guard(spans: Iterator[Any], name: str) -> Generator[Any, None, None]:
         raise TraceFormatError(f"{name}: unreadable trace data ({why})") from exc
 
 
-def _api_spans(url: str, stats: ReadStats) -> Iterator[Span]:
-    doc = fetch(url)
+def _api_spans(url: str, stats: ReadStats, timeout: float, max_bytes: int) -> Iterator[Span]:
+    body = fetch(url, timeout, max_bytes)
     stats.format = "jaeger-api"
-    yield from jaeger_spans(doc, stats, url)
+    yield from jaeger_spans(_parse(body, url, whole=True), stats, url)
 
 
 def _file_spans(path: Path, name: str, stats: ReadStats) -> Iterator[Span]:
@@ -298,7 +316,7 @@ def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
             return lineno, line
 
 
-def _parse(data: bytes, where: str, *, whole: bool = False) -> Any:
+def _parse(data: bytes | bytearray, where: str, *, whole: bool = False) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
