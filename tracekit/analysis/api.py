@@ -61,6 +61,7 @@ def analyze(
             not answer within ``timeout``.
         TraceFormatError: the input is not a trace file tracekit can read, or the Jaeger
             answer is larger than ``max_response_mb``.
+        SourceError: out of memory while reading.
         ConfigurationError: a bad ``slo``, or a ``route`` that no request has.
 
     Cost: linear in the spans read; memory bounded by the assembly window (10,000 spans of
@@ -102,6 +103,11 @@ def _warn(report: Report, stats: ReadStats) -> None:
         report.warnings.append(f"skipped {stats.skipped:,} malformed spans{first}")
     if stats.truncated:
         report.warnings.append(f"cut {stats.truncated:,} oversized attribute values or lists")
+    if stats.cut_tail_bytes:
+        report.warnings.append(
+            f"skipped an incomplete last line ({stats.cut_tail_bytes:,} bytes): is the file "
+            "still being written?"
+        )
 
 
 def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:
