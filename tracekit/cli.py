@@ -4,7 +4,8 @@
 
     tracekit analyze SOURCE [--format text|json|html] [-o FILE] [--route R] [--slo SPEC]
                             [--fail-on high|medium|low]
-    tracekit analyze --jaeger URL --service NAME [--lookback 1h] [--limit N] [...]
+    tracekit analyze --jaeger URL --service NAME [--lookback 1h] [--limit N]
+                     [--timeout SECONDS] [--max-response-mb MB] [...]
 
 Exit codes: 0 done; 1 a finding at or above ``--fail-on`` exists (CI gate); 2 bad input or
 usage (one line on stderr, ``tracekit: error: ...``, never a traceback); 3 an internal error
@@ -72,6 +73,18 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
         "--lookback", default="1h", help="how far back to query (with --jaeger; default 1h)"
     )
     p.add_argument("--limit", type=_positive_int, help="most traces to fetch (with --jaeger)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="deadline for the whole Jaeger query (with --jaeger; default 60)",
+    )
+    p.add_argument(
+        "--max-response-mb",
+        type=_positive_float,
+        metavar="MB",
+        help="largest Jaeger answer read, in MiB (with --jaeger; default 256)",
+    )
     p.add_argument(
         "--format",
         choices=("text", "json", "html"),
@@ -187,6 +200,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
 def _run_analyze(args: argparse.Namespace) -> int:
     from tracekit.analysis.api import analyze
 
@@ -212,6 +235,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         service=args.service,
         lookback=args.lookback,
         limit=args.limit,
+        timeout=args.timeout,
+        max_response_mb=args.max_response_mb,
     )
     for warning in report.warnings:
         print(f"tracekit: warning: {escape_controls(' '.join(warning.split()))}", file=sys.stderr)

@@ -844,10 +844,10 @@ def test_jaeger_api_timeout() -> None:
         listener.listen()  # accepts connections, never answers
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/api/traces?service=x"
         started = time.monotonic()
-        with pytest.raises(SourceNotFoundError, match=r"timed out after 0\.3 s"):
+        with pytest.raises(SourceNotFoundError, match=r"did not answer within 0\.3 s"):
             _jaeger_api.fetch(url, timeout=0.3)
         assert time.monotonic() - started < 3
-    assert _jaeger_api.DEFAULT_TIMEOUT_S == 10.0
+    assert _jaeger_api.DEFAULT_TIMEOUT_S == 60.0
 
 
 # --- in-memory SDK spans ------------------------------------------------------------------

@@ -140,11 +140,14 @@ def plan_file(
             if file.read(2) == b"\x1f\x8b":
                 return None  # gzip
             file.seek(0)
-            first = _first_content(file)
-            if first is None or not is_otlp(orjson.loads(first.removeprefix(b"\xef\xbb\xbf"))):
+            # A single document (one line, or a first line that does not parse) is not split,
+            # nor is a file whose first line is longer than a range; the planner reads no
+            # more than a range of either (the single pass reads a document in one piece).
+            first = _first_line(file, size // count)
+            if first is None or not _more_content(file, size // count):
                 return None
-            if _first_content(file) is None:
-                return None  # a single document, not JSON Lines
+            if not is_otlp(orjson.loads(first.removeprefix(b"\xef\xbb\xbf"))):
+                return None
             bounds = [0]
             for k in range(1, count):
                 file.seek(max(size * k // count - 1, bounds[-1]))
@@ -153,16 +156,26 @@ def plan_file(
                 if bounds[-1] < at < size:
                     bounds.append(at)
             bounds.append(size)
-    except (OSError, ValueError):
+    except (OSError, ValueError, MemoryError):
         return None
     return Plan(path, name, tuple(bounds)) if len(bounds) > 2 else None
 
 
-def _first_content(file: Any) -> bytes | None:
-    for line in file:
+def _first_line(file: Any, limit: int) -> bytes | None:
+    # The first non-blank line, if it is a whole line shorter than ``limit``.
+    while line := file.readline(limit):
+        if not line.endswith(b"\n"):
+            return None
         if not line.isspace():
             return bytes(line)
     return None
+
+
+def _more_content(file: Any, limit: int) -> bool:
+    while line := file.readline(limit):
+        if not line.isspace():
+            return True
+    return False
 
 
 def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
@@ -265,6 +278,7 @@ def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggrega
         total.spans += partial.spans
         total.stats.skipped += partial.stats.skipped
         total.stats.truncated += partial.stats.truncated
+        total.stats.cut_tail_bytes += partial.stats.cut_tail_bytes
         total.stats.reasons.extend(partial.stats.reasons)
         services.update(dict.fromkeys(partial.services))
         matched.update(dict.fromkeys(partial.matched))

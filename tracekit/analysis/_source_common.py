@@ -8,6 +8,9 @@ Readers turn each malformed span into :class:`BadSpan` (or let a ``KeyError``/``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 from tracekit.analysis.model import SPAN_KINDS
 
@@ -50,12 +53,15 @@ class ReadStats:
         skipped: malformed spans that were skipped (bad or missing ids, times, types).
         truncated: attribute values or attribute lists that were cut to the limits above.
         reasons: the first few skip reasons, each naming where the span was.
+        cut_tail_bytes: the size of a last JSON Lines line that was skipped because it is
+            cut short (no newline, not JSON: the file is still being written), else 0.
     """
 
     format: str = ""
     skipped: int = 0
     truncated: int = 0
     reasons: list[str] = field(default_factory=list)
+    cut_tail_bytes: int = 0
 
     def skip(self, where: str, exc: BaseException) -> None:
         """Count one skipped span.
@@ -68,6 +74,20 @@ class ReadStats:
         if len(self.reasons) < MAX_REASONS:
             why = str(exc) if isinstance(exc, BadSpan) else f"{type(exc).__name__}: {exc}"
             self.reasons.append(one_line(f"{where}: {why}", 200))
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """``orjson.loads``, except that running out of memory raises :class:`MemoryError`.
+
+    orjson reports a failed allocation as a ``JSONDecodeError``, which every reader would
+    take for bad input ("not valid JSON").
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if exc.msg.startswith("Not enough memory"):
+            raise MemoryError(exc.msg) from exc
+        raise
 
 
 def one_line(text: str, limit: int = 300) -> str:

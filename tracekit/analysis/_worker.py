@@ -232,6 +232,8 @@ class _Worker:
         # A buffer that holds whole lines (~500 kB each): readline then costs a fifth of the
         # default 8 kB buffer's, which gathers a long line piece by piece. (A memory map
         # would be cheaper still, but the pages of the file it touches count in the RSS.)
+        from tracekit.analysis.sources import _is_cut_short
+
         start, end = self.plan.bounds[self.k], self.plan.bounds[self.k + 1]
         with open(self.plan.path, "rb", buffering=_BUFFER) as file:
             file.seek(start)
@@ -242,7 +244,12 @@ class _Worker:
                     if at == 0:
                         line = line.removeprefix(b"\xef\xbb\xbf")
                     spans = typed_spans(line)
-                    yield spans if spans is not None else self._generic(line, index)
+                    if spans is None:
+                        if _is_cut_short(line):  # the file's last line, still being written
+                            self.stats.cut_tail_bytes = size
+                            return
+                        spans = self._generic(line, index)
+                    yield spans
                 at += size
                 if at >= end:
                     return

@@ -33,6 +33,8 @@ def analyze(
     service: str | None = None,
     lookback: str = "1h",
     limit: int | None = None,
+    timeout: float | None = None,
+    max_response_mb: float | None = None,
 ) -> Report:
     """Analyse traces and report what is slow and what fixes it.
 
@@ -48,13 +50,18 @@ def analyze(
         service: the service to query (Jaeger URL sources).
         lookback: how far back to query (Jaeger URL sources), e.g. ``"1h"``.
         limit: the most traces to fetch (Jaeger URL sources).
+        timeout: seconds the whole Jaeger query may take (default 60).
+        max_response_mb: the largest Jaeger answer read, in MiB (default 256).
 
     Returns:
         The :class:`~tracekit.analysis.report.Report`.
 
     Raises:
-        SourceNotFoundError: the file is missing or the Jaeger API is unreachable.
-        TraceFormatError: the input is not a trace file tracekit can read.
+        SourceNotFoundError: the file is missing, or the Jaeger API is unreachable or did
+            not answer within ``timeout``.
+        TraceFormatError: the input is not a trace file tracekit can read, or the Jaeger
+            answer is larger than ``max_response_mb``.
+        SourceError: out of memory while reading.
         ConfigurationError: a bad ``slo``, or a ``route`` that no request has.
 
     Cost: linear in the spans read; memory bounded by the assembly window (10,000 spans of
@@ -66,12 +73,20 @@ def analyze(
     from tracekit.analysis.sources import read_spans
 
     targets = parse_slo(slo)
-    if service is None and limit is None and lookback == "1h":
+    options = (service, limit, timeout, max_response_mb)
+    if lookback == "1h" and all(option is None for option in options):
         report = _analyze_in_parallel(source, route, targets)
         if report is not None:
             return report
     counter = _SpanCounter()
-    stream = read_spans(source, service=service, lookback=lookback, limit=limit)
+    stream = read_spans(
+        source,
+        service=service,
+        lookback=lookback,
+        limit=limit,
+        timeout=timeout,
+        max_response_mb=max_response_mb,
+    )
     try:
         report = analyze_spans(
             counter.count(stream), source=stream.source, route=route, slo=targets, counter=counter
@@ -88,6 +103,11 @@ def _warn(report: Report, stats: ReadStats) -> None:
         report.warnings.append(f"skipped {stats.skipped:,} malformed spans{first}")
     if stats.truncated:
         report.warnings.append(f"cut {stats.truncated:,} oversized attribute values or lists")
+    if stats.cut_tail_bytes:
+        report.warnings.append(
+            f"skipped an incomplete last line ({stats.cut_tail_bytes:,} bytes): is the file "
+            "still being written?"
+        )
 
 
 def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:

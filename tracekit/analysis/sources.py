@@ -12,15 +12,20 @@
   no OpenTelemetry import) or :class:`~tracekit.analysis.model.Span` objects (passed through).
 
 Files may be gzip-compressed. JSON Lines are parsed one line at a time, so memory does not
-grow with the file; a single JSON document is parsed whole and then yielded span by span.
-OTLP JSON Lines past the first line go through a typed fast path first (msgspec,
-:mod:`tracekit.analysis._otlp_typed`), which gives the same spans or declines the line.
+grow with the file. A single JSON document is held whole as bytes, but only its containers
+are decoded up front (msgspec): each span (OTLP) or trace (Jaeger) is parsed when it is
+reached, so the memory is about the file's size. A last line cut short (no newline, not
+JSON: a file still being written) is skipped and counted (``stats.cut_tail_bytes``); a bad
+line anywhere else is an error. OTLP JSON Lines past the first line go through a typed fast
+path first (msgspec, :mod:`tracekit.analysis._otlp_typed`), which gives the same spans or
+declines the line.
 
 Errors: argument errors (:class:`ConfigurationError`) and a missing, unreadable or directory
 path (:class:`SourceNotFoundError`) raise when ``read_spans`` is called; everything else
 raises while iterating, as one-line :class:`SourceNotFoundError` / :class:`TraceFormatError`
-messages naming the file (and line) or URL. Malformed individual spans are skipped and
-counted in the stream's :class:`ReadStats` (``stream.stats.skipped``), never raised.
+messages naming the file (and line) or URL; running out of memory is a :class:`SourceError`
+saying so. Malformed individual spans are skipped and counted in the stream's
+:class:`ReadStats` (``stream.stats.skipped``), never raised.
 """
 
 from __future__ import annotations
@@ -34,17 +39,20 @@ from collections.abc import Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
+import msgspec
 import orjson
 
-from tracekit.analysis._jaeger_api import fetch, is_url, query_url
+from tracekit.analysis._jaeger_api import fetch, is_url, limits, query_url
 from tracekit.analysis._jaeger_json import is_jaeger, jaeger_spans
 from tracekit.analysis._otlp_json import is_otlp, otlp_spans
 from tracekit.analysis._otlp_typed import typed_spans
 from tracekit.analysis._sdk_spans import memory_spans
-from tracekit.analysis._source_common import SPAN_ERRORS, ReadStats, one_line
+from tracekit.analysis._source_common import SPAN_ERRORS, ReadStats, loads, one_line
+from tracekit.analysis._whole_document import jaeger_document, not_json, otlp_document, utf8_error
 from tracekit.analysis.model import Span
 from tracekit.errors import (
     ConfigurationError,
+    SourceError,
     SourceNotFoundError,
     TraceFormatError,
     TracekitError,
@@ -57,6 +65,8 @@ FORMATS = ("otlp-json", "otlp-jsonl", "jaeger-json", "jaeger-jsonl")
 _DEFAULT_LOOKBACK = "1h"
 _BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
+# A possibly long first line is read a MiB at a time.
+_PIECE = 2**20
 
 
 class SpanStream(Iterator[Span]):
@@ -93,6 +103,8 @@ def read_spans(
     service: str | None = None,
     lookback: str = _DEFAULT_LOOKBACK,
     limit: int | None = None,
+    timeout: float | None = None,
+    max_response_mb: float | None = None,
 ) -> SpanStream:
     """Read normalised spans from a trace file, a Jaeger query API, or in-memory spans.
 
@@ -103,6 +115,9 @@ def read_spans(
         service: the service to query (Jaeger API only, and required there).
         lookback: how far back the Jaeger query searches, e.g. ``"1h"``, ``"30m"``, ``"2d"``.
         limit: the most traces the Jaeger query returns (default: Jaeger's own).
+        timeout: seconds the whole Jaeger query may take, from connecting to the answer's
+            last byte (default 60).
+        max_response_mb: the largest Jaeger answer read, in MiB (default 256).
 
     Returns:
         A :class:`SpanStream`: an iterator of :class:`Span` with ``.stats`` and ``.source``.
@@ -115,15 +130,19 @@ def read_spans(
             file, an unsupported source type).
         SourceNotFoundError: the file is missing, a directory or unreadable; the Jaeger API is
             unreachable, timed out or answered an error (while iterating).
-        TraceFormatError: the data is not a trace file (while iterating).
+        TraceFormatError: the data is not a trace file, or the Jaeger answer is larger than
+            the limit (while iterating).
+        SourceError: out of memory while reading (while iterating).
     """
     stats = ReadStats()
     if isinstance(source, str | bytes | os.PathLike):
         name = os.fsdecode(source)
         if is_url(name):
             url = query_url(name, service, lookback, limit)
-            return SpanStream(_guard(_api_spans(url, stats), url), name, stats)
-        _reject_query_options(service, lookback, limit)
+            seconds, max_bytes = limits(timeout, max_response_mb)
+            spans = _api_spans(url, stats, seconds, max_bytes)
+            return SpanStream(_guard(spans, url), name, stats)
+        _reject_query_options(service, lookback, limit, timeout, max_response_mb)
         path = _readable(name)
         return SpanStream(_guard(_file_spans(path, name, stats), name), name, stats)
     if isinstance(source, bytearray | Mapping) or not isinstance(source, Iterable):
@@ -131,7 +150,7 @@ def read_spans(
             f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
             "or an iterable of spans"
         )
-    _reject_query_options(service, lookback, limit)
+    _reject_query_options(service, lookback, limit, timeout, max_response_mb)
     stats.format = "memory"
     return SpanStream(memory_spans(source, stats), "memory", stats)
 
@@ -149,18 +168,30 @@ def detect_format(path: str | bytes | os.PathLike[str]) -> str:
         SourceNotFoundError / TraceFormatError: as :func:`read_spans`.
     """
     name = os.fsdecode(path)
-    documents = _guard(_documents(_readable(name), name), name)
+    documents = _guard(_documents(_readable(name), name, ReadStats()), name)
     try:
         for where, doc, lines in documents:
+            if type(doc) is _Whole:
+                return f"{_whole(doc.data, where, ReadStats())[0]}-json"
             return f"{_family(doc, where)}-json{'l' if lines else ''}"
     finally:
         documents.close()
     raise TraceFormatError(f"{name}: empty file")  # pragma: no cover - _documents raises first
 
 
-def _reject_query_options(service: str | None, lookback: str, limit: int | None) -> None:
-    if service is not None or limit is not None or lookback != _DEFAULT_LOOKBACK:
-        raise ConfigurationError("service, lookback and limit apply only to a Jaeger query URL")
+def _reject_query_options(
+    service: str | None,
+    lookback: str,
+    limit: int | None,
+    timeout: float | None,
+    max_response_mb: float | None,
+) -> None:
+    options = (service, limit, timeout, max_response_mb)
+    if any(option is not None for option in options) or lookback != _DEFAULT_LOOKBACK:
+        raise ConfigurationError(
+            "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
+            "query URL"
+        )
 
 
 def _readable(name: str) -> Path:
@@ -187,6 +218,9 @@ def _guard(spans: Iterator[Any], name: str) -> Generator[Any, None, None]:
         yield from spans
     except TracekitError:
         raise
+    except MemoryError as exc:
+        # What held the memory is released by now (the readers' frames are gone).
+        raise SourceError(_out_of_memory(name)) from exc
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise TraceFormatError(f"{name}: corrupt gzip data ({one_line(str(exc), 120)})") from exc
     except OSError as exc:
@@ -198,14 +232,32 @@ def _guard(spans: Iterator[Any], name: str) -> Generator[Any, None, None]:
         raise TraceFormatError(f"{name}: unreadable trace data ({why})") from exc
 
 
-def _api_spans(url: str, stats: ReadStats) -> Iterator[Span]:
-    doc = fetch(url)
+def _out_of_memory(name: str) -> str:
+    try:
+        size = f" ({os.stat(name).st_size / 1e6:,.0f} MB)" if not is_url(name) else ""
+    except OSError:
+        size = ""
+    return (
+        f"out of memory reading {name}{size}: a single JSON document is held in memory "
+        "whole; JSON Lines is read in bounded memory"
+    )
+
+
+def _api_spans(url: str, stats: ReadStats, timeout: float, max_bytes: int) -> Iterator[Span]:
+    body = fetch(url, timeout, max_bytes)
     stats.format = "jaeger-api"
-    yield from jaeger_spans(doc, stats, url)
+    _check_utf8(body, url)
+    spans = jaeger_document(body, stats, url)
+    yield from spans if spans is not None else jaeger_spans(_parse(body, url, whole=True), stats, url)
 
 
 def _file_spans(path: Path, name: str, stats: ReadStats) -> Iterator[Span]:
-    for where, doc, lines in _documents(path, name, raw=True):
+    for where, doc, lines in _documents(path, name, stats):
+        if type(doc) is _Whole:
+            family, whole = _whole(doc.data, where, stats)
+            stats.format = f"{family}-json"
+            yield from whole
+            return
         if type(doc) is bytes:
             # A JSON Lines line past the first: the typed fast path, else the generic one.
             spans = typed_spans(doc)
@@ -241,41 +293,100 @@ def _describe(doc: Any) -> str:
     return f"a JSON {type(doc).__name__}"
 
 
-def _documents(path: Path, name: str, *, raw: bool = False) -> Iterator[tuple[str, Any, bool]]:
+# --- a file that is one JSON document -------------------------------------------------------
+class _Whole:
+    """A file that is one JSON document, as bytes (see :func:`_whole`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.data = data
+
+
+def _whole(data: bytes | bytearray, where: str, stats: ReadStats) -> tuple[str, Iterator[Span]]:
+    """The family (``"otlp"`` / ``"jaeger"``) of a one-document file, and its spans.
+
+    Read in about the document's size of memory (:mod:`._whole_document`); documents of
+    other shapes, which are errors or tiny, are parsed whole by the generic readers.
+    """
+    _check_utf8(data, where)
+    try:
+        spans = otlp_document(data, stats, where)
+        if spans is not None:
+            return "otlp", spans
+        spans = jaeger_document(data, stats, where)
+        if spans is not None:
+            return "jaeger", spans
+    except msgspec.DecodeError as exc:  # not JSON (a wrong shape is None, not an error)
+        raise not_json(data, where, exc) from None
+    doc = _parse(data, where, whole=True)
+    family = _family(doc, where)
+    return family, (otlp_spans if family == "otlp" else jaeger_spans)(doc, stats, where)
+
+
+def _check_utf8(data: bytes | bytearray, where: str) -> None:
+    # msgspec does not check the UTF-8 of what it skips; orjson would, for the whole file.
+    at = utf8_error(data)
+    if at is not None:
+        raise TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1})")
+
+
+# --- reading a file -------------------------------------------------------------------------
+def _documents(path: Path, name: str, stats: ReadStats) -> Iterator[tuple[str, Any, bool]]:
     """Yield ``(where, document, is_json_lines)`` for each JSON document in the file.
 
     A file whose first non-blank line is a complete JSON value followed by more content is
-    JSON Lines; anything else is one document (pretty-printed JSON, or a single line). With
-    ``raw``, the lines of JSON Lines after the first are yielded unparsed (``bytes``).
+    JSON Lines: its first line is yielded parsed, the others as bytes. Anything else is one
+    document (pretty-printed JSON, or a single line), yielded as a :class:`_Whole`.
     """
     regular = stat.S_ISREG(path.stat().st_mode)  # a pipe cannot seek back
     with _open(path) as file:
-        lineno, first = _next_content(file, 0)
+        lineno, first = _first_content(file)
         if not first:
             raise TraceFormatError(f"{name}: empty file")
+        if first.startswith(_BOM):
+            del first[: len(_BOM)]
+        second_no, second = _next_content(file, lineno)
+        if not second:
+            yield name, _Whole(first), False
+            return
         try:
-            doc = orjson.loads(first.removeprefix(_BOM))
-        except orjson.JSONDecodeError:
-            # Not a complete first line: one (pretty-printed) document, read whole. From a
-            # pipe, the lines read so far are put back in front instead.
+            doc = loads(first)
+        except orjson.JSONDecodeError as exc:
+            if exc.msg != _END_OF_DATA:
+                # The first line is wrong in itself, so is any document it starts: say so
+                # now rather than read the rest (200 MB of garbage need not be held).
+                raise _line_error(first, f"{name}: line {lineno}", exc) from exc
+            # One document over several lines (pretty-printed), read whole. From a pipe, the
+            # lines read so far are put back in front instead.
             if regular:
                 file.seek(0)
                 data = file.read().removeprefix(_BOM)
             else:
-                data = b"\n" * (lineno - 1) + first.removeprefix(_BOM) + file.read()
-            yield name, _parse(data, name, whole=True), False
-            return
-        second_no, second = _next_content(file, lineno)
-        if not second:
-            yield name, doc, False
+                gap = b"\n" * (second_no - lineno - 1)
+                data = b"\n" * (lineno - 1) + first + gap + second + file.read()
+            yield name, _Whole(data), False
             return
         yield f"{name}: line {lineno}", doc, True
-        where = f"{name}: line {second_no}"
-        yield where, second if raw else _parse(second, where), True
-        for lineno, line in enumerate(file, second_no + 1):
-            if not line.isspace():
-                where = f"{name}: line {lineno}"
-                yield where, line if raw else _parse(line, where), True
+        while second:
+            if _is_cut_short(second):
+                stats.cut_tail_bytes = len(second)
+                return
+            yield f"{name}: line {second_no}", second, True
+            second_no, second = _next_content(file, second_no)
+
+
+def _is_cut_short(line: bytes) -> bool:
+    """Whether ``line``, read from a JSON Lines file, is its last line cut short: no
+    newline, and not JSON. A writer still writing the file leaves one; anywhere else a
+    line that is not JSON is an error. (One more parse, of the last line only.)"""
+    if line.endswith(b"\n"):
+        return False
+    try:
+        loads(line)
+    except orjson.JSONDecodeError:
+        return True
+    return False
 
 
 @contextlib.contextmanager
@@ -289,6 +400,22 @@ def _open(path: Path) -> Iterator[IO[bytes]]:
             yield raw
 
 
+def _first_content(file: IO[bytes]) -> tuple[int, bytearray]:
+    # As _next_content, for the first line: the whole file when it is one document on one
+    # line. Read in pieces into one growing buffer, it is held once (readline() holds a long
+    # line twice while it joins the pieces).
+    lineno = 0
+    while True:
+        line = bytearray()
+        while piece := file.readline(_PIECE):
+            line += piece
+            if piece.endswith(b"\n"):
+                break
+        lineno += 1
+        if not line or not line.isspace():
+            return lineno, line
+
+
 def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
     # The next non-blank line and its 1-based number; b"" at the end of the file.
     while True:
@@ -298,15 +425,39 @@ def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
             return lineno, line
 
 
-def _parse(data: bytes, where: str, *, whole: bool = False) -> Any:
+_END_OF_DATA = "unexpected end of data"
+
+
+def _parse(data: bytes | bytearray | memoryview, where: str, *, whole: bool = False) -> Any:
     try:
-        return orjson.loads(data)
+        return loads(data)
     except orjson.JSONDecodeError as exc:
-        if exc.msg == "unexpected end of data":
-            raise TraceFormatError(
-                f"{where}: truncated JSON (ends after {len(data)} bytes)"
-            ) from exc
-        if exc.msg == "Input is a zero-length, empty document" or not data.strip():
-            raise TraceFormatError(f"{where}: empty file") from exc
-        at = f"line {exc.lineno} column {exc.colno}" if whole else f"column {exc.colno}"
-        raise TraceFormatError(f"{where}: not valid JSON ({exc.msg} at {at})") from exc
+        if whole:
+            raise _document_error(data, where, exc) from exc
+        raise _line_error(data, where, exc) from exc
+
+
+def _line_error(
+    data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError
+) -> TraceFormatError:
+    if exc.msg == _END_OF_DATA:
+        return TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)")
+    at = utf8_error(data)
+    if at is not None:  # orjson's words for it ("surrogates not allowed") say nothing useful
+        return TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1} of the line)")
+    return TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+
+
+def _document_error(
+    data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError
+) -> TraceFormatError:
+    if exc.msg == _END_OF_DATA:
+        return TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)")
+    if exc.msg == "Input is a zero-length, empty document":
+        return TraceFormatError(f"{where}: empty file")
+    at = utf8_error(data)
+    if at is not None:
+        return TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1})")
+    return TraceFormatError(
+        f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    )
