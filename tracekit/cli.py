@@ -217,8 +217,6 @@ def _run_analyze(args: argparse.Namespace) -> int:
         raise _UsageError(
             "give a trace file or --jaeger URL (exactly one) (see 'tracekit analyze --help')"
         )
-    if args.source == "":
-        raise _UsageError("empty trace file path")
     if args.jaeger is not None and not _is_http_url(args.jaeger):
         raise _UsageError(
             f"--jaeger: {args.jaeger!r} is not an http(s) URL (e.g. http://localhost:16686)"

@@ -90,3 +90,13 @@ def test_the_messages_come_from_the_installed_command_without_a_traceback() -> N
             capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
         )  # fmt: skip
         assert (done.returncode, done.stdout, done.stderr) == (2, "", expected)
+
+
+def test_the_library_says_the_same_and_refuses_a_nul() -> None:
+    import tracekit
+    from tracekit.errors import SourceNotFoundError
+
+    with pytest.raises(SourceNotFoundError, match="^empty trace file path$"):
+        tracekit.analyze("")
+    with pytest.raises(SourceNotFoundError, match="not a valid path"):
+        tracekit.analyze("a\x00b")

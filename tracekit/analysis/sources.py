@@ -195,6 +195,8 @@ def _reject_query_options(
 
 
 def _readable(name: str) -> Path:
+    if not name:  # Path("") is the current directory
+        raise SourceNotFoundError("empty trace file path")
     path = Path(name)
     try:
         mode = path.stat().st_mode
@@ -202,6 +204,8 @@ def _readable(name: str) -> Path:
         raise SourceNotFoundError(f"{name}: no such file") from None
     except OSError as exc:
         raise SourceNotFoundError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+    except ValueError:  # a NUL in the path (from Python; a shell cannot pass one)
+        raise SourceNotFoundError(f"{name!r}: not a valid path") from None
     if stat.S_ISDIR(mode):
         raise SourceNotFoundError(f"{name}: is a directory, not a trace file")
     if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
