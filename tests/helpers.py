@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import ModuleType
 
@@ -37,3 +41,16 @@ def gen_traces() -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 in a thread; yields the base URL, stops on exit."""
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
 import tracekit
+from tests.helpers import http_server
 from tracekit import _runtime
 from tracekit import semconv as sc
 from tracekit.errors import ConfigurationError
@@ -92,12 +93,8 @@ class _Collector(BaseHTTPRequestHandler):
 def collector() -> Iterator[str]:
     """A real OTLP/HTTP receiver on 127.0.0.1 decoding protobuf bodies."""
     _Collector.requests, _Collector.headers = [], []
-    server = HTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with http_server(_Collector) as url:
+        yield url
 
 
 def _otlp_spans(requests: list[Any]) -> list[tuple[str, Any, Any]]:

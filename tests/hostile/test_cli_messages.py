@@ -96,7 +96,7 @@ def test_the_library_says_the_same_and_refuses_a_nul() -> None:
     import tracekit
     from tracekit.errors import SourceNotFoundError
 
-    with pytest.raises(SourceNotFoundError, match="^empty trace file path$"):
+    with pytest.raises(SourceNotFoundError, match=r"^empty trace file path$"):
         tracekit.analyze("")
     with pytest.raises(SourceNotFoundError, match="not a valid path"):
         tracekit.analyze("a\x00b")

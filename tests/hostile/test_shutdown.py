@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 import tracekit
+from tests.helpers import http_server
 from tracekit import _runtime
 from tracekit.errors import ConfigurationError
 
@@ -96,12 +97,8 @@ class _Collector(BaseHTTPRequestHandler):
 def collector() -> Iterator[str]:
     """A working OTLP/HTTP collector on 127.0.0.1, counting the spans it receives."""
     _Collector.spans = 0
-    server = HTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    with http_server(_Collector) as url:
+        yield url
 
 
 def _serve_and_stop(endpoint: str, sig: int, tmp_path: Path, requests: int = REQUESTS) -> tuple[float, str]:
