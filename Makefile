@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(VENV)/.compiled
 # The modules mypyc compiles (tracekit/_native.py's COMPILED) and the C helpers: rebuilt when one changes.
-NATIVE_SOURCES := $(patsubst %,tracekit/%.py,$(shell sed -n '/^COMPILED = (/,/^)/p' tracekit/_native.py | grep -o '"[a-z_.]*"' | tr -d '"' | tr . /)) tracekit/_slicewatch.c tracekit/analysis/_otlp_attributes.c tracekit/analysis/_otlp_scan.c
+NATIVE_SOURCES := $(patsubst %,tracekit/%.py,$(shell sed -n '/^COMPILED = (/,/^)/p' tracekit/_native.py | grep -o '"[a-z_.]*"' | tr -d '"' | tr . /)) tracekit/_core/_slicewatch.c tracekit/analysis/_otlp_attributes.c tracekit/analysis/_otlp_scan.c
 
 .PHONY: demo test lint bench build clean
 

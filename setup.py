@@ -2,7 +2,7 @@
 
 The package metadata is in pyproject.toml; this file only adds the compiled modules (listed in
 tracekit/_native.py, which explains why) and three C helpers: the watchdog's poll
-(tracekit/_slicewatch.c), the OTLP reader's line scanner (tracekit/analysis/_otlp_scan.c) and
+(tracekit/_core/_slicewatch.c), the OTLP reader's line scanner (tracekit/analysis/_otlp_scan.c) and
 its attribute loop (tracekit/analysis/_otlp_attributes.c).
 They are optional: without a C compiler, or with TRACEKIT_PURE_PYTHON=1 set, or if mypyc
 fails, tracekit installs as plain Python.
@@ -50,7 +50,7 @@ def ext_modules() -> list[object]:
 def c_modules() -> list[object]:
     """The C helpers, optional like the rest: the OTLP reader's line scanner and attribute loop
     (tracekit/analysis/_otlp_scan.c, _otlp_attributes.c) and the watchdog's GIL-free poll
-    (tracekit/_slicewatch.c; POSIX)."""
+    (tracekit/_core/_slicewatch.c; POSIX)."""
     from setuptools import Extension
 
     modules = [
@@ -60,7 +60,9 @@ def c_modules() -> list[object]:
                   optional=True),
     ]  # fmt: skip
     if os.name == "posix":
-        modules.append(Extension("tracekit._slicewatch", ["tracekit/_slicewatch.c"], optional=True))
+        modules.append(
+            Extension("tracekit._core._slicewatch", ["tracekit/_core/_slicewatch.c"], optional=True)
+        )
     return modules
 
 

@@ -61,9 +61,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 import tracekit
-from tracekit import _native, _runtime
+from tracekit import _native
+from tracekit._core import current
+from tracekit._export import tracing
 
-DEFAULT_MAX_QUEUE = _runtime.MAX_QUEUE
+DEFAULT_MAX_QUEUE = tracing.MAX_QUEUE
 
 
 class DroppingExporter(SpanExporter):
@@ -161,19 +163,19 @@ def variant(name: str, chunks: int = 0, batch: bool = True) -> tuple[Any, Any]:
         app = OpenTelemetryMiddleware(make_app(False, chunks), tracer_provider=provider)
         return app, lambda: processor.force_flush()
     tracekit.configure(tracer_provider=provider)
-    runtime = _runtime.current
+    runtime = current.active_runtime
     assert runtime is not None
     _alter(runtime, name.removeprefix("tracekit").lstrip("-"))
 
     def flush() -> None:
         runtime.flush()
-        if runtime.dropped and _runtime.MAX_QUEUE > 100_000:  # the soak keeps the shipped bound
+        if runtime.dropped and tracing.MAX_QUEUE > 100_000:  # the soak keeps the shipped bound
             raise SystemExit(f"tracekit dropped {runtime.dropped} requests: the benchmark is invalid")
 
     return tracekit.TracekitMiddleware(make_app(True, chunks)), flush
 
 
-def _alter(runtime: _runtime.Runtime, changes: str) -> None:
+def _alter(runtime: tracing.Runtime, changes: str) -> None:
     """The diagnostic variants (``--compare``), each tracekit with one thing changed, or
     several joined by ``+`` (``tracekit-unbuilt+pythonpoll``):
 
@@ -181,7 +183,7 @@ def _alter(runtime: _runtime.Runtime, changes: str) -> None:
     - inline:      spans are built and delivered on the request path, right after the response
     - nowatchdog:  no watchdog thread
     - pythonpoll:  the watchdog polls in Python, taking the GIL every 10 ms (its fallback when
-                   tracekit/_slicewatch.c is not built), instead of without the GIL
+                   tracekit/_core/_slicewatch.c is not built), instead of without the GIL
     """
     for change in changes.split("+"):
         if change == "unbuilt":
@@ -196,15 +198,15 @@ def _alter(runtime: _runtime.Runtime, changes: str) -> None:
             raise SystemExit(f"unknown variant: tracekit-{change}")
 
 
-def _build_now(runtime: _runtime.Runtime) -> Any:
+def _build_now(runtime: tracing.Runtime) -> Any:
     """A ``submit`` that builds and delivers the spans on the spot (the ``inline`` variant)."""
-    from tracekit import _spans
+    from tracekit._export import readable_spans
 
-    scope = _spans.instrumentation_scope()
+    scope = readable_spans.instrumentation_scope()
 
     def build_now(request: Any) -> None:
         try:
-            runtime._deliver(_spans.build(request, runtime.resource, scope))
+            runtime._deliver(readable_spans.build(request, runtime.resource, scope))
         finally:
             request.release()
 
@@ -214,7 +216,7 @@ def _build_now(runtime: _runtime.Runtime) -> Any:
 def retire() -> None:
     """Uninstall the variant's runtime and stop its threads (its watchdog would poll on, in
     every later variant of the process)."""
-    runtime = _runtime.install(None)
+    runtime = tracing.install(None)
     if runtime is not None:
         runtime.shutdown()
 
@@ -238,8 +240,8 @@ def measure(name: str, n: int, path: str = "/chat", chunks: int = 0) -> tuple[fl
             gc.disable()
         wall0, cpu0 = time.perf_counter(), time.process_time()
         loop.run_until_complete(drive(app, n, path))
-        if name == "tracekit" and _runtime.current is not None:
-            BACKLOG.append(len(_runtime.current._queue))
+        if name == "tracekit" and current.active_runtime is not None:
+            BACKLOG.append(len(current.active_runtime._queue))
         flush()
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     finally:
@@ -267,11 +269,11 @@ def rounds(names: list[str], n: int, count: int, **kw: Any) -> dict[str, dict[st
 
 
 def soak(total: int) -> dict[str, float]:
-    _runtime.MAX_QUEUE = DEFAULT_MAX_QUEUE  # as shipped: a saturated loop may drop (counted)
+    tracing.MAX_QUEUE = DEFAULT_MAX_QUEUE  # as shipped: a saturated loop may drop (counted)
     # Spans exported on the spot: the SDK's batch queue, whose export thread falls behind on a
     # loop that never idles, would add its own high-water mark (tens of MB) to tracekit's.
     app, flush = variant("tracekit", batch=False)
-    runtime = _runtime.current
+    runtime = current.active_runtime
     assert runtime is not None
     process = psutil.Process()
     loop = asyncio.new_event_loop()
@@ -313,7 +315,7 @@ def main() -> None:
     otel_trace.set_tracer_provider(TracerProvider())  # a global SDK provider, as an app would have
     # The loop here is saturated (no idle time), so the span-building thread falls behind; let
     # its queue grow so that every request's spans are built and their cost counted.
-    _runtime.MAX_QUEUE = 1_000_000
+    tracing.MAX_QUEUE = 1_000_000
 
     if args.compare:
         names = args.compare.split(",")

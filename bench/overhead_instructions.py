@@ -45,9 +45,9 @@ sys.path.insert(0, {tree!r})
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 import overhead
-from tracekit import _runtime
+from tracekit._export import tracing
 otel_trace.set_tracer_provider(TracerProvider())
-_runtime.MAX_QUEUE = 1_000_000  # count every span, as bench/overhead.py does
+tracing.MAX_QUEUE = 1_000_000  # count every span, as bench/overhead.py does
 app, flush = overhead.variant({variant!r})  # -unbuilt: requests dropped, never built into spans
 loop = asyncio.new_event_loop()
 loop.run_until_complete(overhead.drive(app, {warmup}))

@@ -29,7 +29,7 @@ import overhead
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from tracekit import _runtime
+from tracekit._export import tracing
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--variants", default="bare,otel,tracekit,tracekit-unbuilt")
     args = parser.parse_args()
     otel_trace.set_tracer_provider(TracerProvider())
-    _runtime.MAX_QUEUE = 1_000_000  # as bench/overhead.py: every request's spans are built
+    tracing.MAX_QUEUE = 1_000_000  # as bench/overhead.py: every request's spans are built
     print("per request, thread: user + system CPU µs, voluntary context switches")
     for _ in range(args.rounds):
         for name in args.variants.split(","):

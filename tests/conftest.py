@@ -9,20 +9,21 @@ from typing import Any
 
 import pytest
 
-from tracekit import _loop, _runtime
-from tracekit._context import current_ledger
+from tracekit._core import current, event_loop
+from tracekit._core.current import current_ledger
+from tracekit._export import tracing
 
 
 @pytest.fixture(autouse=True)
 def _no_leaks() -> Iterator[None]:
     """Every test leaves no runtime, no open stage and no open step behind."""
-    before = _runtime.current
+    before = current.active_runtime
     yield
     assert current_ledger.get() is None, "a stage leaked into the test's context"
-    assert _loop.thread_state().top is None, "a step was left open on the test thread"
-    if _runtime.current is not before:
-        leaked = _runtime.current
-        _runtime.install(before)
+    assert event_loop.thread_state().top is None, "a step was left open on the test thread"
+    if current.active_runtime is not before:
+        leaked = current.active_runtime
+        tracing.install(before)
         if leaked is not None:
             leaked.shutdown()
         pytest.fail("the test left a tracekit runtime installed")
@@ -89,11 +90,11 @@ def otel_globals() -> Iterator[None]:
         trace._TRACER_PROVIDER = None
 
     reset()
-    before = _runtime.current
+    before = current.active_runtime
     yield
-    runtime = _runtime.current
+    runtime = current.active_runtime
     if runtime is not before:
-        _runtime.install(before)
+        tracing.install(before)
         if runtime is not None:
             runtime.shutdown()
     provider = trace._TRACER_PROVIDER

@@ -42,14 +42,15 @@ from types import ModuleType
 #: not give it the field types).
 COMPILED = (
     "semconv",
-    "_loop",
-    "_accounting",
-    "_request",
-    "_steps",
-    "_stages",
-    "_http",
-    "_summary",
-    "_spans",
+    "_core.event_loop",
+    "_core.ledger",
+    "_core.request_record",
+    "_core.driver",
+    "_core.stage_timing",
+    "_core.asgi",
+    "_export.span_attributes",
+    "_export.readable_spans",
+    "_export.sdk",
     "analysis._records",
     "analysis._route_stats",
     "analysis.quantiles",
@@ -82,7 +83,7 @@ def load() -> None:
         reason = f"tracekit/{stale}.py changed since it was compiled (run make to rebuild)"
     else:
         try:
-            importlib.import_module("tracekit._accounting")
+            importlib.import_module("tracekit._core.ledger")
         except ImportError as exc:
             reason = f"its compiled modules failed to load ({exc})"
     if reason is not None:

@@ -14,7 +14,7 @@
   (then overflows) its bounded queue and never delays a response.
 - Shutdown is bounded: when the server stops and at exit, tracekit waits for the export at
   most ``shutdown_timeout_ms`` (``TRACEKIT_SHUTDOWN_TIMEOUT_MS``, default 5000), then logs
-  once how many spans were never exported (:mod:`tracekit._runtime`).
+  once how many spans were never exported (:mod:`tracekit._export.shutdown`).
 - Privacy (docs/attributes.md, "Privacy"): ``url.query`` values of sensitive keys are
   redacted, exception messages cut to 256 characters; both adjustable (``TRACEKIT_RECORD_QUERY``,
   ``TRACEKIT_REDACT_QUERY``, ``TRACEKIT_EXCEPTION_MESSAGE_LIMIT``).
@@ -29,8 +29,9 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from tracekit import _runtime
-from tracekit._summary import DEFAULT_MESSAGE_LIMIT, Privacy
+from tracekit._core import current
+from tracekit._export import shutdown, tracing
+from tracekit._export.span_attributes import DEFAULT_MESSAGE_LIMIT, Privacy
 from tracekit.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -73,41 +74,41 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
             package.
     """
     timeout = _setting(shutdown_timeout_ms, "TRACEKIT_SHUTDOWN_TIMEOUT_MS", float,
-                       _runtime.DEFAULT_SHUTDOWN_TIMEOUT_MS, _non_negative, "a number >= 0")  # fmt: skip
+                       shutdown.DEFAULT_SHUTDOWN_TIMEOUT_MS, _non_negative, "a number >= 0")  # fmt: skip
     privacy = privacy_for(record_query, redact_query, exception_message_limit)
-    previous = _runtime.current
+    previous = current.active_runtime
     runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider,
                             privacy)  # fmt: skip
-    _runtime.shutdown_timeout_ms = timeout
-    _runtime.install(runtime)
-    _runtime.register_exit()  # after the SDK provider's: runs before it
+    shutdown.shutdown_timeout_ms = timeout
+    tracing.install(runtime)
+    shutdown.register_exit()  # after the SDK provider's: runs before it
     if previous is not None:
         previous.shutdown()
 
 
-def runtime_for(tracer_provider: Any, service_name: str | None) -> _runtime.Runtime:
+def runtime_for(tracer_provider: Any, service_name: str | None) -> tracing.Runtime:
     """The runtime a middleware uses when it finds none configured (first request)."""
     if tracer_provider is not None:
         return build_runtime(service_name, None, None, None, tracer_provider)
-    if _runtime.current is None:
+    if current.active_runtime is None:
         configure(service_name=service_name)
-    assert _runtime.current is not None
-    return _runtime.current
+    runtime: tracing.Runtime = current.active_runtime
+    return runtime
 
 
 def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
                   block_threshold_ms: float | None, tracer_provider: Any,
-                  privacy: Privacy | None = None) -> _runtime.Runtime:  # fmt: skip
+                  privacy: Privacy | None = None) -> tracing.Runtime:  # fmt: skip
     """A runtime per the rules above (not installed); ``privacy``: from the environment if None."""
     from opentelemetry import trace as otel_trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from tracekit._watchdog import Watchdog
+    from tracekit._core.watchdog import Watchdog
 
     threshold = _threshold(block_threshold_ms)
     if _env_true("OTEL_SDK_DISABLED"):
         logger.info("tracekit: OTEL_SDK_DISABLED is true; tracing is off")
-        return _runtime.Runtime(None, None, None, threshold)
+        return tracing.Runtime(None, None, None, threshold)
     provider = tracer_provider
     if provider is None:
         candidate = otel_trace.get_tracer_provider()
@@ -115,10 +116,12 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
     elif not isinstance(provider, TracerProvider):
         raise ConfigurationError("tracer_provider must be an OpenTelemetry SDK TracerProvider")
     if provider is not None:  # join the application's provider, never replace it
-        processor: Any = getattr(provider, "_active_span_processor", None)
+        from tracekit._export import sdk
+
+        processor: Any = sdk.active_processor(provider)
         if exporter is not None:
             processor = _FanOut([p for p in (processor, _processor_for(exporter)) if p is not None])
-        runtime = _runtime.Runtime(processor, provider.resource, sampler or provider.sampler, threshold)
+        runtime = tracing.Runtime(processor, provider.resource, sampler or provider.sampler, threshold)
     else:
         from opentelemetry.sdk.resources import Resource
 
@@ -128,7 +131,7 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         if processor is not None:
             provider.add_span_processor(processor)
         otel_trace.set_tracer_provider(provider)
-        runtime = _runtime.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
+        runtime = tracing.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
     runtime.watchdog = Watchdog(threshold)
     runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)
     return runtime
@@ -201,7 +204,7 @@ def _processor_for(exporter: Any) -> Any:
     """A span processor for an exporter name or instance (batching for network exporters)."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 
-    from tracekit.exporters._batch import CountedBatchSpanProcessor
+    from tracekit._export.batch import CountedBatchSpanProcessor
 
     if isinstance(exporter, SpanExporter):
         return CountedBatchSpanProcessor(exporter)

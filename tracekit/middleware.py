@@ -3,7 +3,7 @@
 Pure ASGI (never ``BaseHTTPMiddleware``): lifespan and websocket scopes pass through in the
 first lines (at lifespan shutdown tracekit first exports its spans, within the shutdown
 timeout); per-request state lives in locals and closures, never on ``self``. The app's
-coroutine is driven step by step (:mod:`tracekit._steps`), so the request's own code (the
+coroutine is driven step by step (:mod:`tracekit._core.driver`), so the request's own code (the
 handler, the framework) is accounted like a stage; ``send`` is watched for TTFB, TTFT,
 inter-chunk latency and the last byte, which ends the span (DESIGN §1).
 
@@ -17,18 +17,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, cast
 
-from tracekit import _http, _runtime
-from tracekit._accounting import Ledger
-from tracekit._failsafe import internal_error
-from tracekit._request import Request
-from tracekit._steps import Stepped
+from tracekit._core import asgi, current
+from tracekit._core.driver import Stepped
+from tracekit._core.failsafe import internal_error
+from tracekit._core.ledger import Ledger
+from tracekit._core.request_record import Request
+from tracekit._export import shutdown, tracing
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-MAX_GAPS = _http.MAX_GAPS  # inter-chunk gaps kept per request (docs/attributes.md)
+MAX_GAPS = asgi.MAX_GAPS  # inter-chunk gaps kept per request (docs/attributes.md)
 
 
 class TracekitMiddleware:
@@ -49,32 +50,32 @@ class TracekitMiddleware:
         self.app = app
         self.service_name = service_name
         self._provider = tracer_provider
-        self._runtime: _runtime.Runtime | None = None
+        self._runtime: tracing.Runtime | None = None
         self._inflight = 0  # a gauge shared by all requests on purpose (tracekit.inflight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            if scope["type"] == "lifespan":  # the server stops: export first (bounded; _runtime)
-                send = _runtime.lifespan_send(send)
+            if scope["type"] == "lifespan":  # the server stops: export first (bounded: _export.shutdown)
+                send = shutdown.lifespan_send(send)
             await self.app(scope, receive, send)
             return
         runtime = self._runtime  # set only when given its own tracer_provider
         if runtime is None:
-            runtime = _runtime.current if self._provider is None else None
+            runtime = current.active_runtime if self._provider is None else None
             if runtime is None:
                 runtime = self._resolve_runtime()
         if runtime is None or not runtime.enabled:
             await self.app(scope, receive, send)
             return
-        request = _http.begin(runtime, scope)
+        request = asgi.begin(runtime, scope)
         if not isinstance(request, Request):  # not sampled: propagate ids, record nothing
-            tokens = _http.unsampled(request)
+            tokens = asgi.unsampled(request)
             try:
                 await self.app(scope, receive, send)
             finally:
-                _http.unbind(tokens)
+                asgi.unbind(tokens)
             return
-        bound = _http.enter(request)
+        bound = asgi.enter(request)
         if bound is None:  # tracekit could not bind the request (logged): run it untraced
             await self.app(scope, receive, send)
             return
@@ -85,32 +86,32 @@ class TracekitMiddleware:
             kind = message["type"]
             try:
                 if kind == "http.response.body":
-                    last = _http.body(request, message)
+                    last = asgi.body(request, message)
                     await send(message)
                     if last:
-                        _http.body_sent(request)
+                        asgi.body_sent(request)
                     return
                 if kind == "http.response.start":
-                    _http.response_start(request, message)
+                    asgi.response_start(request, message)
                 await send(message)
                 # A file the server sends itself (ASGI extensions): the body, or its last part.
                 if kind == "http.response.pathsend" or (
                         kind == "http.response.zerocopysend" and not message.get("more_body")):
-                    _http.body_sent(request)
+                    asgi.body_sent(request)
             except OSError:  # ASGI 2.4: the client has gone (the server's ClientDisconnected)
-                _http.disconnected(request)
+                asgi.disconnected(request)
                 raise
 
         try:
             await Stepped(self.app(scope, receive, watched_send), cast(Ledger, request.root))
         except BaseException as exc:
-            _http.failed(request, exc)
+            asgi.failed(request, exc)
             raise
         finally:
             self._inflight -= 1
-            _http.leave(request, bound)
+            asgi.leave(request, bound)
 
-    def _resolve_runtime(self) -> _runtime.Runtime | None:
+    def _resolve_runtime(self) -> tracing.Runtime | None:
         """Nothing configured yet: adopt the given/global SDK provider, or configure()."""
         from tracekit import config
 

@@ -6,7 +6,8 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from tracekit import _runtime
+from tracekit._core import current
+from tracekit._export import tracing
 
 
 class Recording:
@@ -20,23 +21,23 @@ class Recording:
     def __init__(self) -> None:
         self._spans: list[Any] = []
         self._lock = threading.Lock()
-        self._runtime: _runtime.Runtime | None = None
+        self._runtime: tracing.Runtime | None = None
         self._created = False
 
     def __enter__(self) -> Recording:
-        runtime = _runtime.current
+        runtime = current.active_runtime
         if runtime is None:
             from opentelemetry.sdk.resources import Resource
 
-            from tracekit._watchdog import Watchdog
+            from tracekit._core.watchdog import Watchdog
             from tracekit.config import _threshold
 
             threshold = _threshold(None)
-            runtime = _runtime.Runtime(None, Resource.create({}), None, threshold)
+            runtime = tracing.Runtime(None, Resource.create({}), None, threshold)
             runtime.watchdog = Watchdog(threshold)
-            _runtime.install(runtime)
+            tracing.install(runtime)
             self._created = True
-        _runtime.recorders.append(self._collect)
+        tracing.recorders.append(self._collect)
         self._runtime = runtime
         return self
 
@@ -45,10 +46,10 @@ class Recording:
         runtime = self._runtime
         if runtime is None:
             return
-        _runtime.flush_all()
-        _runtime.recorders.remove(self._collect)
-        if self._created and _runtime.current is runtime:
-            _runtime.install(None)
+        tracing.flush_all()
+        tracing.recorders.remove(self._collect)
+        if self._created and current.active_runtime is runtime:
+            tracing.install(None)
             runtime.shutdown()
         self._runtime = None
 
@@ -60,14 +61,14 @@ class Recording:
     def spans(self) -> list[Any]:
         """Every span recorded so far (SDK ``ReadableSpan`` objects), oldest first."""
         if self._runtime is not None:
-            _runtime.flush_all()
+            tracing.flush_all()
         with self._lock:
             return list(self._spans)
 
     def clear(self) -> None:
         """Forget the spans recorded so far."""
         if self._runtime is not None:
-            _runtime.flush_all()
+            tracing.flush_all()
         with self._lock:
             self._spans.clear()
 

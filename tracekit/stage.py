@@ -18,7 +18,7 @@ How each form is timed:
 
 - sync function: one step around the call, in whatever thread runs it (``on_loop`` is true
   when that thread runs an event loop);
-- async function: every resumption of its coroutine is a step (:mod:`tracekit._steps`);
+- async function: every resumption of its coroutine is a step (:mod:`tracekit._core.driver`);
 - async generator (a streaming model call): steps inside each ``__anext__``; the time the
   consumer holds an item between iterations is ``tracekit.consumer_ms``, not the stage's;
 - sync generator (a streamed body Starlette iterates in its thread pool): each ``next()`` is
@@ -40,12 +40,13 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
-from tracekit import _stages, semconv
-from tracekit._accounting import Site
-from tracekit._failsafe import internal_error
-from tracekit._generators import StagedAsyncGenerator, StagedGenerator
-from tracekit._stages import NO_STEP
-from tracekit._steps import Stepped
+from tracekit import semconv
+from tracekit._core import stage_timing
+from tracekit._core.driver import Stepped
+from tracekit._core.failsafe import internal_error
+from tracekit._core.generator_stages import StagedAsyncGenerator, StagedGenerator
+from tracekit._core.ledger import Site
+from tracekit._core.stage_timing import NO_STEP
 from tracekit.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,7 +98,7 @@ class Stage:
     # --- with / async with ----------------------------------------------------------------
     def __enter__(self) -> Stage:
         try:
-            opened = _stages.enter(self._site, True)
+            opened = stage_timing.enter(self._site, True)
             entry: list[Any] = [opened, None]
             entry[1] = self._blocks.set(entry)
         except Exception:
@@ -113,7 +114,7 @@ class Stage:
             self._blocks.reset(token)
             if opened is not None:
                 led, outer = opened
-                _stages.leave(led, outer, exc)
+                stage_timing.leave(led, outer, exc)
         except Exception:
             internal_error("block exit")
 
@@ -138,8 +139,8 @@ _setrecursionlimit = sys.setrecursionlimit
 
 
 def _wrap_sync(fn: F, site: Site) -> F:
-    call_begin, call_end = _stages.call_begin, _stages.call_end
-    call_end_counting = _stages.call_end_counting
+    call_begin, call_end = stage_timing.call_begin, stage_timing.call_end
+    call_end_counting = stage_timing.call_end_counting
     count_tokens = site.kind == semconv.KIND_TOKENIZE
     in_flight = 0  # calls of fn in flight, over all threads
     granted = 0  # recursion-limit frames added for them
@@ -178,7 +179,7 @@ def _wrap_sync(fn: F, site: Site) -> F:
 
 
 def _wrap_async(fn: F, site: Site) -> F:
-    enter, leave = _stages.enter, _stages.leave
+    enter, leave = stage_timing.enter, stage_timing.leave
 
     @functools.wraps(fn)
     async def async_stage(*args: Any, **kwargs: Any) -> Any:

@@ -1,6 +1,6 @@
 """Helpers for testing code instrumented with tracekit (and tracekit itself).
 
-:class:`FakeClock` replaces tracekit's clock (:mod:`tracekit._clock`), so accounting can be
+:class:`FakeClock` replaces tracekit's clock (:mod:`tracekit._core.clock`), so accounting can be
 asserted to the exact microsecond::
 
     with FakeClock() as clock:
@@ -20,7 +20,7 @@ import asyncio
 import threading
 from types import TracebackType
 
-from tracekit import _clock
+from tracekit._core import clock
 
 
 class FakeClock:
@@ -68,9 +68,9 @@ class FakeClock:
         await asyncio.sleep(0)
 
     def __enter__(self) -> FakeClock:
-        _clock.install(self.wall_ns, self.cpu_ns, self._epoch)
+        clock.install(self.wall_ns, self.cpu_ns, self._epoch)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
-        _clock.restore()
+        clock.restore()

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 import tracekit
-from tracekit import _loop
 from tracekit import semconv as sc
-from tracekit._accounting import covered_ns
+from tracekit._core import clock, event_loop
+from tracekit._core.ledger import covered_ns
 from tracekit.testing import FakeClock
 
 from ..conftest import by_name
@@ -127,10 +127,10 @@ def test_covered_is_the_union_clipped() -> None:
     assert covered_ns(None, 0, 10) == 0
 
 
-def _state(*slices_ms: tuple[float, float]) -> _loop.ThreadState:
-    state = _loop.ThreadState()
+def _state(*slices_ms: tuple[float, float]) -> event_loop.ThreadState:
+    state = event_loop.ThreadState()
     for start, end in slices_ms:
-        _loop.record_slice(state, int(start * MS), int(end * MS))
+        event_loop.record_slice(state, int(start * MS), int(end * MS))
     return state
 
 
@@ -140,35 +140,35 @@ class _Awaiting:
 
 
 def test_estimator_no_loop_activity_means_no_loop_wait() -> None:
-    assert _loop.estimate_loop_wait(_state(), 0, 100 * MS, None) == 0
-    assert _loop.estimate_loop_wait(_state((0, 5)), 10 * MS, 100 * MS, None) == 0
+    assert event_loop.estimate_loop_wait(_state(), 0, 100 * MS, None) == 0
+    assert event_loop.estimate_loop_wait(_state((0, 5)), 10 * MS, 100 * MS, None) == 0
 
 
 def test_estimator_uses_the_sleep_deadline() -> None:
     sleeping = asyncio.sleep(0.05)  # a real (unstarted) sleep coroutine: its frame has `delay`
     try:
         state = _state((1, 200))
-        waited = _loop.estimate_loop_wait(state, 0, 200 * MS, _Awaiting(sleeping))
+        waited = event_loop.estimate_loop_wait(state, 0, 200 * MS, _Awaiting(sleeping))
         assert waited == 150 * MS
         idle_before_deadline = _state((1, 30))
-        assert _loop.estimate_loop_wait(idle_before_deadline, 0, 60 * MS, _Awaiting(sleeping)) == 0
+        assert event_loop.estimate_loop_wait(idle_before_deadline, 0, 60 * MS, _Awaiting(sleeping)) == 0
     finally:
         sleeping.close()
 
 
 def test_estimator_halves_the_busy_run_for_unknown_readiness() -> None:
     state = _state((10, 40), (40.2, 100))  # one busy run 10..100 (gap < 1 ms)
-    assert _loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == int(90.5 * MS) // 2
-    assert _loop.estimate_loop_wait(state, 50 * MS, int(100.5 * MS), None) == int(50.5 * MS) // 2
-    assert _loop.estimate_loop_wait(state, 0, 110 * MS, None) == 0  # loop went idle before
+    assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == int(90.5 * MS) // 2
+    assert event_loop.estimate_loop_wait(state, 50 * MS, int(100.5 * MS), None) == int(50.5 * MS) // 2
+    assert event_loop.estimate_loop_wait(state, 0, 110 * MS, None) == 0  # loop went idle before
 
 
 def test_estimator_ring_wraps() -> None:
-    state = _loop.ThreadState()
-    for i in range(_loop.RING * 3):
-        _loop.record_slice(state, i * MS, i * MS + MS // 2)
-    resumed = (_loop.RING * 3) * MS
-    assert 0 <= _loop.estimate_loop_wait(state, 0, resumed, None) <= resumed // 2
+    state = event_loop.ThreadState()
+    for i in range(event_loop.RING * 3):
+        event_loop.record_slice(state, i * MS, i * MS + MS // 2)
+    resumed = (event_loop.RING * 3) * MS
+    assert 0 <= event_loop.estimate_loop_wait(state, 0, resumed, None) <= resumed // 2
 
 
 def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:
@@ -207,51 +207,47 @@ class _CountingClock:
         return self.cpu
 
     def install(self) -> None:
-        from tracekit import _clock
+        from tracekit._core import clock
 
-        _clock.install(lambda: self.wall, self.cpu_ns, 0)
+        clock.install(lambda: self.wall, self.cpu_ns, 0)
 
 
 def test_cpu_readings_close_together_are_inferred_with_a_bounded_error() -> None:
-    from tracekit import _clock
-
-    clock = _CountingClock()
-    clock.install()
+    fake = _CountingClock()
+    fake.install()
     try:
-        state = _loop.ThreadState()
-        assert _loop.cpu_now(state, clock.wall) == 5 * MS and clock.reads == 1
+        state = event_loop.ThreadState()
+        assert event_loop.cpu_now(state, fake.wall) == 5 * MS and fake.reads == 1
         # 8 us later, the thread having run 3 us of it: inferred, high by 5 us at most
-        clock.wall += 8_000
-        clock.cpu += 3_000
-        assert _loop.cpu_now(state, clock.wall) == 5 * MS + 8_000 and clock.reads == 1
+        fake.wall += 8_000
+        fake.cpu += 3_000
+        assert event_loop.cpu_now(state, fake.wall) == 5 * MS + 8_000 and fake.reads == 1
         # past the window (measured from the last real reading): a real reading again
-        clock.wall += _loop.CPU_REUSE_NS
-        clock.cpu += 1_000
-        assert _loop.cpu_now(state, clock.wall) == clock.cpu and clock.reads == 2
-        # a clock that went backwards (another clock installed) is never trusted
-        assert _loop.cpu_now(state, clock.wall - 1) == clock.cpu and clock.reads == 3
+        fake.wall += event_loop.CPU_REUSE_NS
+        fake.cpu += 1_000
+        assert event_loop.cpu_now(state, fake.wall) == fake.cpu and fake.reads == 2
+        # a fake that went backwards (another fake installed) is never trusted
+        assert event_loop.cpu_now(state, fake.wall - 1) == fake.cpu and fake.reads == 3
     finally:
-        _clock.restore()
+        clock.restore()
 
 
 def test_a_burst_of_stages_reads_the_cpu_clock_a_few_times_not_at_every_boundary() -> None:
-    from tracekit import _clock
-
-    clock = _CountingClock()
-    clock.install()
+    fake = _CountingClock()
+    fake.install()
     try:
         with tracekit.record() as rec:
 
             @tracekit.stage("tokenize")
             def tokenize() -> None:
-                clock.wall += 1_000
-                clock.cpu += 1_000
+                fake.wall += 1_000
+                fake.cpu += 1_000
 
             for _ in range(5):
                 tokenize()
             spans = rec.spans
     finally:
-        _clock.restore()
+        clock.restore()
     assert len(spans) == 5
-    assert clock.reads == 1  # 10 step boundaries within 20 us of wall time: one real read
+    assert fake.reads == 1  # 10 step boundaries within 20 us of wall time: one real read
     assert all(s.attributes[sc.CPU_MS] == 0.001 for s in spans)

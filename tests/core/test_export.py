@@ -26,8 +26,9 @@ from starlette.routing import Mount, Route
 
 import tracekit
 from tests.helpers import http_server
-from tracekit import _runtime
 from tracekit import semconv as sc
+from tracekit._core import current
+from tracekit._export import sdk, tracing
 from tracekit.errors import ConfigurationError
 
 from .asgi import call, http_scope
@@ -114,8 +115,8 @@ def test_otlp_http_export_with_env(collector: str, otel_globals: None,
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=acme")
     tracekit.configure()
     run_requests(tracekit.TracekitMiddleware(gateway()))
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     spans = _otlp_spans(_Collector.requests)
     assert len(spans) == 9  # 3 requests x (server + tokenize + model)
     assert {service for service, _, _ in spans} == {"from-env"}
@@ -135,8 +136,8 @@ def test_argument_beats_env(collector: str, otel_globals: None,
     monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
     tracekit.configure(service_name="from-arg", exporter="otlp")
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     assert {service for service, _, _ in _otlp_spans(_Collector.requests)} == {"from-arg"}
 
 
@@ -162,8 +163,8 @@ def test_otlp_grpc_export(otel_globals: None, monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
         tracekit.configure(service_name="grpc-gw")
         run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
-        assert _runtime.current is not None
-        _runtime.current.flush()
+        assert current.active_runtime is not None
+        current.active_runtime.flush()
         assert len(_otlp_spans(servicer.requests)) == 6
     finally:
         server.stop(0)
@@ -176,8 +177,8 @@ def test_jsonl_path_from_the_environment_keeps_its_case(tmp_path: Any, otel_glob
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", f"JSONL:{path}")
     tracekit.configure(service_name="gw")
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     assert len(path.read_text().splitlines()) >= 1
 
 
@@ -185,8 +186,8 @@ def test_jsonl_exporter_writes_otlp_json_lines(tmp_path: Any, otel_globals: None
     path = tmp_path / "traces.jsonl"
     tracekit.configure(service_name="gw", exporter=f"jsonl:{path}")
     run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     lines = path.read_text().splitlines()
     spans = []
     for line in lines:
@@ -211,8 +212,8 @@ def test_jsonl_exporter_writes_otlp_json_lines(tmp_path: Any, otel_globals: None
 def test_console_exporter(otel_globals: None, capsys: pytest.CaptureFixture[str]) -> None:
     tracekit.configure(exporter="console")
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     out = capsys.readouterr().out
     assert '"name": "tokenize"' in out and '"name": "POST /v1/chat/{session}"' in out
 
@@ -225,8 +226,8 @@ def test_never_replaces_the_applications_provider(otel_globals: None) -> None:
     tracekit.configure(service_name="ignored", exporter=None)
     assert otel_trace.get_tracer_provider() is provider
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     assert sorted(s.name for s in exporter.get_finished_spans()) == [
         "POST /v1/chat/{session}", "model", "tokenize"]
 
@@ -240,7 +241,7 @@ def test_processors_added_to_the_provider_later_receive_spans_too(otel_globals: 
     otel_trace.set_tracer_provider(provider)
     tracekit.configure(exporter=None)
     app = tracekit.TracekitMiddleware(gateway())
-    runtime = _runtime.current
+    runtime = current.active_runtime
     assert runtime is not None
     run_requests(app, n=1)
     runtime.flush()
@@ -257,10 +258,10 @@ def test_only_the_synchronous_multi_processor_is_unwrapped() -> None:
     chain = SynchronousMultiSpanProcessor()
     chain.add_span_processor(simple)
     concurrent = ConcurrentMultiSpanProcessor()  # runs its processors on a pool: keep that
-    unwrap = _runtime._sync_multi()
-    assert _runtime._processors(chain, unwrap) == (simple,)
-    assert _runtime._processors(concurrent, unwrap) == (concurrent,)
-    assert _runtime._processors(simple, unwrap) == (simple,)
+    unwrap = sdk.sync_multi_type()
+    assert sdk.processors(chain, unwrap) == (simple,)
+    assert sdk.processors(concurrent, unwrap) == (concurrent,)
+    assert sdk.processors(simple, unwrap) == (simple,)
     concurrent.shutdown()
 
 
@@ -269,7 +270,7 @@ def test_middleware_configures_itself_when_nothing_is(otel_globals: None,
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "memory")
     app = tracekit.TracekitMiddleware(gateway(), service_name="auto")
     run_requests(app, n=1)
-    runtime = _runtime.current
+    runtime = current.active_runtime
     assert runtime is not None
     assert runtime.resource.attributes["service.name"] == "auto"
 
@@ -286,7 +287,7 @@ def test_bad_exporter_is_a_clear_error(otel_globals: None) -> None:
 def test_sdk_disabled(otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     tracekit.configure(exporter="memory")
-    assert _runtime.current is not None and not _runtime.current.enabled
+    assert current.active_runtime is not None and not current.active_runtime.enabled
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
 
 
@@ -304,8 +305,8 @@ def test_sampler_from_env_drops_requests_but_still_propagates(
     tracekit.configure(tracer_provider=provider)
     seen_headers.clear()
     run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     assert exporter.get_finished_spans() == ()
     assert len(seen_headers) == 2 and all(h["traceparent"].endswith("-00") for h in seen_headers)
 
@@ -317,8 +318,8 @@ def test_traceparent_is_continued_and_stages_propagate(otel_globals: None) -> No
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1,
                  headers=[(b"traceparent", parent.encode()), (b"tracestate", b"vendor=1")])  # fmt: skip
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     spans = {s.name: s for s in exporter.get_finished_spans()}
     server = spans["POST /v1/chat/{session}"]
     assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
@@ -335,8 +336,8 @@ def test_invalid_traceparent_starts_a_new_trace(otel_globals: None, bad: bytes) 
     provider, exporter = _memory_provider()
     tracekit.configure(tracer_provider=provider)
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1, headers=[(b"traceparent", bad)])
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     server = next(s for s in exporter.get_finished_spans() if s.kind.name == "SERVER")
     assert server.parent is None
 
@@ -349,8 +350,8 @@ def test_enriches_an_existing_server_span(otel_globals: None) -> None:
     tracekit.configure()
     app = OpenTelemetryMiddleware(tracekit.TracekitMiddleware(gateway()), tracer_provider=provider)
     run_requests(app, n=1)
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     spans = exporter.get_finished_spans()
     servers = [s for s in spans if s.kind.name == "SERVER"]
     assert len(servers) == 1  # no second server span
@@ -379,7 +380,7 @@ def test_finished_requests_leave_no_reference_cycle_behind() -> None:
     # of tracekit's per-request time: docs/performance.md).
     import gc
 
-    from tracekit._request import Request as Record
+    from tracekit._core.request_record import Request as Record
 
     app = tracekit.TracekitMiddleware(gateway())
     with tracekit.record() as rec:
@@ -401,15 +402,14 @@ def test_span_contexts_are_built_directly_on_this_sdk() -> None:
     # it checks at import that they equal the constructor's, else it uses the constructor.
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    from tracekit import _spans
 
-    assert _spans._FAST_CONTEXTS
-    made = _spans.span_context(0x1F, 0x2E, None)
+    assert sdk._FAST_CONTEXTS
+    made = sdk.span_context(0x1F, 0x2E, None)
     assert made == SpanContext(0x1F, 0x2E, False, TraceFlags(TraceFlags.SAMPLED))
-    assert made.is_valid and not _spans.span_context(0, 0x2E, None).is_valid
-    assert not _spans.span_context(1 << 128, 0x2E, None).is_valid
+    assert made.is_valid and not sdk.span_context(0, 0x2E, None).is_valid
+    assert not sdk.span_context(1 << 128, 0x2E, None).is_valid
     # build() decides validity from the trace id alone (span ids are made in range)
-    assert _spans.ids_valid(0x1F, 1) and not _spans.ids_valid(0, 1)
+    assert sdk.ids_valid(0x1F, 1) and not sdk.ids_valid(0, 1)
 
 
 def test_a_starved_span_builder_is_helped_by_the_request_path(
@@ -422,10 +422,10 @@ def test_a_starved_span_builder_is_helped_by_the_request_path(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracekit.configure(exporter=None, tracer_provider=provider)
-    runtime = _runtime.current
+    runtime = current.active_runtime
     assert runtime is not None
     monkeypatch.setattr(runtime, "_start_thread", lambda: None)  # a builder that never runs
-    monkeypatch.setattr(_runtime, "MAX_QUEUE", 16)
+    monkeypatch.setattr(tracing, "MAX_QUEUE", 16)
     backlog = []
 
     async def main() -> None:
@@ -441,7 +441,7 @@ def test_a_starved_span_builder_is_helped_by_the_request_path(
 
 
 def test_flush_waits_for_a_helper_on_another_thread(otel_globals: None) -> None:
-    runtime = _runtime.Runtime(None, None)
+    runtime = tracing.Runtime(None, None)
     runtime._helping = 1
     threading.Timer(0.1, setattr, (runtime, "_helping", 0)).start()
     started = time.monotonic()

@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 import tracekit
-from tracekit import _loop
 from tracekit import semconv as sc
+from tracekit._core import event_loop
 from tracekit.stage import Stage
 
 from ..conftest import by_name
@@ -363,7 +363,7 @@ def test_a_block_inside_a_sync_stage_in_a_worker_thread_leaves_no_slice_open() -
 
     def worker() -> tuple[int, object]:
         tokenize()
-        state = _loop.thread_state()
+        state = event_loop.thread_state()
         return state.slice_start, state.top
 
     @tracekit.stage("request")

@@ -1,4 +1,4 @@
-"""The watchdog's GIL-free poll (tracekit/_slicewatch.c) and the watchdog thread around it.
+"""The watchdog's GIL-free poll (tracekit/_core/_slicewatch.c) and the watchdog thread around it.
 
 That the watchdog blames the right line, through this poll (compiled build) and through the
 Python one (the plain-Python rerun of the core suite), is tested end to end in
@@ -14,8 +14,8 @@ from array import array
 
 import pytest
 
-from tracekit import _loop, _watchdog
-from tracekit._watchdog import Watchdog
+from tracekit._core import event_loop, watchdog
+from tracekit._core.watchdog import Watchdog
 
 MS = 1_000_000
 
@@ -23,16 +23,16 @@ MS = 1_000_000
 def test_make_test_builds_the_gil_free_poll() -> None:
     if not os.environ.get("TRACEKIT_REQUIRE_COMPILED"):
         pytest.skip("TRACEKIT_REQUIRE_COMPILED is not set (make test sets it)")
-    assert _watchdog.GIL_FREE_WAIT is not None, "tracekit/_slicewatch.c is not built: make build"
+    assert watchdog.GIL_FREE_WAIT is not None, "tracekit/_core/_slicewatch.c is not built: make build"
 
 
-needs_poll = pytest.mark.skipif(_watchdog.GIL_FREE_WAIT is None, reason="_slicewatch not built")
+needs_poll = pytest.mark.skipif(watchdog.GIL_FREE_WAIT is None, reason="_slicewatch not built")
 
 
 def _wait(cells: tuple[array[int], ...], seen: array[int], control: array[int],
           max_wait_ms: float = 200) -> tuple[list[int], float]:  # fmt: skip
     t0 = time.perf_counter()
-    over = _watchdog.GIL_FREE_WAIT(cells, seen, control, 20 * MS, 1 * MS, int(max_wait_ms * MS))
+    over = watchdog.GIL_FREE_WAIT(cells, seen, control, 20 * MS, 1 * MS, int(max_wait_ms * MS))
     return over, (time.perf_counter() - t0) * 1000
 
 
@@ -101,9 +101,9 @@ def test_wait_releases_the_gil() -> None:
 ])  # fmt: skip
 def test_wait_rejects_bad_cells(bad: tuple[object, object, object]) -> None:
     with pytest.raises((TypeError, BufferError)):
-        _watchdog.GIL_FREE_WAIT(*bad, 20 * MS, MS, MS)
+        watchdog.GIL_FREE_WAIT(*bad, 20 * MS, MS, MS)
     with pytest.raises(ValueError):
-        _watchdog.GIL_FREE_WAIT((), array("q"), array("q", [0, 0]), 20 * MS, 0, MS)
+        watchdog.GIL_FREE_WAIT((), array("q"), array("q", [0, 0]), 20 * MS, 0, MS)
 
 
 @needs_poll
@@ -113,13 +113,13 @@ def test_a_busy_healthy_loop_does_not_wake_the_watchdog() -> None:
     watchdog = Watchdog(threshold_ms=20)
 
     async def busy() -> None:
-        state = _loop.thread_state()
+        state = event_loop.thread_state()
         watchdog.watch(state)
         deadline = time.perf_counter() + 0.5
         while time.perf_counter() < deadline:  # short slices, one after another
-            _loop.slice_begin(state, time.perf_counter_ns())
+            event_loop.slice_begin(state, time.perf_counter_ns())
             sum(range(200))
-            _loop.slice_end(state, time.perf_counter_ns(), True)
+            event_loop.slice_end(state, time.perf_counter_ns(), True)
             await asyncio.sleep(0)
 
     try:
@@ -136,7 +136,7 @@ def test_a_failing_gil_free_poll_falls_back_to_polling_in_python(caplog: pytest.
     watchdog = Watchdog(threshold_ms=20)
     watchdog.gil_free_wait = broken
     try:
-        watchdog.watch(_loop.thread_state())
+        watchdog.watch(event_loop.thread_state())
         deadline = time.monotonic() + 5
         while watchdog.wakes < 3 and time.monotonic() < deadline:
             time.sleep(0.01)

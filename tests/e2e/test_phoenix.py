@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 import tracekit
-from tracekit import _runtime
 from tracekit import semconv as sc
+from tracekit._core import current
 
 from ..core.asgi import call, http_scope
 
@@ -113,8 +113,8 @@ def test_spans_arrive_in_phoenix(phoenix: str, otel_globals: None, monkeypatch: 
             await call(tracekit.TracekitMiddleware(app), http_scope("/v1/chat", "POST"))
 
     asyncio.run(load())
-    assert _runtime.current is not None
-    _runtime.current.flush()
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
     spans = _spans(phoenix, 9)
     by_name: dict[str, list[dict[str, Any]]] = {}
     for span in spans:

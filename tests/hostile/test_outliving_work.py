@@ -18,8 +18,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 import tracekit
-from tracekit import _runtime
 from tracekit import semconv as sc
+from tracekit._export import tracing
 
 STARTED = threading.Event()
 _tasks: set[asyncio.Task[Any]] = set()
@@ -105,7 +105,7 @@ def test_work_that_outlives_its_request_is_exported_whole(serve: Any, loop: str,
 
 
 def test_a_request_waits_for_its_open_stages_at_most_the_linger_time(monkeypatch: Any) -> None:
-    monkeypatch.setattr(_runtime, "LINGER_S", 0.2)
+    monkeypatch.setattr(tracing, "LINGER_S", 0.2)
     release = threading.Event()
 
     @tracekit.stage("forever")

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 import tracekit
 from tracekit import semconv as sc
-from tracekit._context import current_ledger
+from tracekit._core.current import current_ledger
 from tracekit.errors import ConfigurationError
 
 from ..core.asgi import call, http_scope

@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 import tracekit
 from tests.helpers import http_server
-from tracekit import _runtime
+from tracekit._export import shutdown
 from tracekit.errors import ConfigurationError
 
 ROOT = Path(__file__).parents[2]
@@ -170,15 +170,15 @@ def test_a_working_collector_receives_everything_on_sigterm(collector: str, tmp_
 
 def test_shutdown_timeout_is_an_option(otel_globals: None, monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
-    monkeypatch.setattr(_runtime, "shutdown_timeout_ms", _runtime.shutdown_timeout_ms)
+    monkeypatch.setattr(shutdown, "shutdown_timeout_ms", shutdown.shutdown_timeout_ms)
     monkeypatch.setenv("TRACEKIT_SHUTDOWN_TIMEOUT_MS", "1500")
     tracekit.configure(exporter="none")
-    assert _runtime.shutdown_timeout_ms == 1500
+    assert shutdown.shutdown_timeout_ms == 1500
     tracekit.configure(exporter="none", shutdown_timeout_ms=0)  # the argument wins
-    assert _runtime.shutdown_timeout_ms == 0
+    assert shutdown.shutdown_timeout_ms == 0
     monkeypatch.setenv("TRACEKIT_SHUTDOWN_TIMEOUT_MS", "soon")
     tracekit.configure(exporter="none")
-    assert _runtime.shutdown_timeout_ms == _runtime.DEFAULT_SHUTDOWN_TIMEOUT_MS
+    assert shutdown.shutdown_timeout_ms == shutdown.DEFAULT_SHUTDOWN_TIMEOUT_MS
     assert "TRACEKIT_SHUTDOWN_TIMEOUT_MS='soon' is not a number >= 0" in caplog.text
     for bad in (-1, "5s", True):
         with pytest.raises(ConfigurationError, match="shutdown_timeout_ms must be a number >= 0"):

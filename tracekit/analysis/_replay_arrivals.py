@@ -36,7 +36,7 @@ from tracekit.analysis._intervals import Interval, merge, percentile
 from tracekit.analysis.model import RequestRecord
 
 _MS = 1e6
-_RUN_GAP_NS = 1_000_000  # busy slices closer than this form one busy run (as in tracekit._loop)
+_RUN_GAP_NS = 1_000_000  # busy slices closer than this form one busy run (as in tracekit._core.event_loop)
 
 
 class BusyIndex:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tracekit import _clock, _stages, semconv
-from tracekit._accounting import Ledger, Site
-from tracekit._steps import Stepped
+from tracekit import semconv
+from tracekit._core import clock, stage_timing
+from tracekit._core.driver import Stepped
+from tracekit._core.ledger import Ledger, Site
 
 
 class _StagedIteration:
@@ -33,14 +34,14 @@ class _StagedIteration:
         """The stage's ledger, opened at the first iteration; None when not recording."""
         led = self._led
         if led is None:
-            led = self._led = _stages.open_ledger(self._site, bind=False)
+            led = self._led = stage_timing.open_ledger(self._site, bind=False)
             if led is None:
                 self._done = True
                 return None
             if self._site.kind == semconv.KIND_MODEL:
                 led.set_attribute(semconv.GEN_AI_REQUEST_STREAM, True)
         if self._yielded_at:  # the consumer held the last item until now
-            led.consumer += _clock.wall_ns() - self._yielded_at
+            led.consumer += clock.wall_ns() - self._yielded_at
             self._yielded_at = 0
         return led
 
@@ -56,8 +57,8 @@ class _StagedIteration:
             return
         self._done = True
         if self._yielded_at:
-            led.consumer += _clock.wall_ns() - self._yielded_at
-        _stages.close_ledger(led, error)
+            led.consumer += clock.wall_ns() - self._yielded_at
+        stage_timing.close_ledger(led, error)
 
 
 class StagedAsyncGenerator(_StagedIteration):
@@ -89,7 +90,7 @@ class StagedAsyncGenerator(_StagedIteration):
         led = None if self._done else self._ledger()
         if led is None:
             return await awaitable
-        tokens = _stages.bind(led)  # only while the generator's own code runs, not the consumer's
+        tokens = stage_timing.bind(led)  # only while the generator's own code runs, not the consumer's
         try:
             item = await Stepped(awaitable, led, self._inner)
         except StopAsyncIteration:
@@ -99,9 +100,9 @@ class StagedAsyncGenerator(_StagedIteration):
             self._finish(exc)
             raise
         finally:
-            _stages.unbind(*tokens)
+            stage_timing.unbind(*tokens)
         if not closing:
-            self._yielded(led, _clock.wall_ns())
+            self._yielded(led, clock.wall_ns())
         return item
 
 
@@ -134,16 +135,16 @@ class StagedGenerator(_StagedIteration):
         led = None if self._done else self._ledger()
         if led is None:
             return advance(*args)
-        tokens = _stages.bind(led)
-        _stages.step_in(led)
+        tokens = stage_timing.bind(led)
+        stage_timing.step_in(led)
         try:
             item = advance(*args)
         except BaseException as exc:
-            _stages.step_out(led)
-            _stages.unbind(*tokens)
+            stage_timing.step_out(led)
+            stage_timing.unbind(*tokens)
             self._finish(None if isinstance(exc, StopIteration) else exc)
             raise
-        now = _stages.step_out(led)
-        _stages.unbind(*tokens)
+        now = stage_timing.step_out(led)
+        stage_timing.unbind(*tokens)
         self._yielded(led, now)
         return item

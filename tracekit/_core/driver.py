@@ -8,10 +8,10 @@ bookkeeping errors are logged once and never reach the app.
 
 The middleware drives each request's application coroutine this way. Async stages and blocks
 entered while a driver steps their task need no driver of their own: they switch the open
-step to their ledger and back (:func:`tracekit._accounting.switch`), and a suspension inside
+step to their ledger and back (:func:`tracekit._core.ledger.switch`), and a suspension inside
 them ends whichever ledger's step is open then, so the driver resumes that ledger next. A
 driver whose step is not nested in another one's is the step's **outermost** driver: it
-opens and closes the thread's loop slice (:mod:`tracekit._loop`).
+opens and closes the thread's loop slice (:mod:`tracekit._core.event_loop`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import asyncio
 from collections.abc import Generator
 from typing import Any, Final
 
-from tracekit import _accounting, _clock, _loop
-from tracekit._accounting import Ledger
-from tracekit._failsafe import internal_error
+from tracekit._core import clock, event_loop, ledger
+from tracekit._core.failsafe import internal_error
+from tracekit._core.ledger import Ledger
 
 _get_running_loop: Final = asyncio._get_running_loop
 _current_task: Final = asyncio.current_task
@@ -49,7 +49,7 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     ``asend`` awaitable). ``awaiting`` is what to inspect for a timer deadline when resuming
     (default ``coro``).
     """
-    state = _loop.thread_state()
+    state = event_loop.thread_state()
     loop = _get_running_loop()
     task = None if loop is None else _current_task(loop)
     send, throw = coro.send, coro.throw
@@ -60,16 +60,14 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     while True:
         outermost = False
         try:
-            now = _clock.wall_ns()
-            cpu = _loop.cpu_now(state, now)  # read together: nothing may allocate in between
+            now = clock.wall_ns()
+            cpu = event_loop.cpu_now(state, now)  # read together: nothing may allocate in between
             if cursor.suspended_at:
-                _accounting.resume(cursor, state, inspect, now)
+                ledger.resume(cursor, state, inspect, now)
             if not state.slice_start:
                 outermost = True
-                _loop.slice_begin(state, now)
-                state.task = task
-                state.loop = loop
-            _accounting.step_begin(cursor, state, now, cpu)
+                event_loop.slice_begin(state, now, task, loop)
+            ledger.step_begin(cursor, state, now, cpu)
         except Exception:
             internal_error("step start")
         try:
@@ -89,20 +87,19 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
             value, error = None, exc
 
 
-def _end_step(state: _loop.ThreadState, led: Ledger, outermost: bool, suspended: bool) -> Ledger:
+def _end_step(state: event_loop.ThreadState, led: Ledger, outermost: bool, suspended: bool) -> Ledger:
     """End the step open on this thread (``led``'s, or a stage's entered inside it); returns
     its owner, the ledger to resume."""
     try:
-        end = _clock.wall_ns()
-        cpu = _loop.cpu_now(state, end)
+        end = clock.wall_ns()
+        cpu = event_loop.cpu_now(state, end)
         owner = state.top
         if owner is not None:
-            _accounting.step_end(owner, state, end, cpu, True)
+            ledger.step_end(owner, state, end, cpu, True)
             if suspended:
                 owner.suspended_at = end
         if outermost:
-            state.task = state.loop = None
-            _loop.slice_end(state, end, True)
+            event_loop.slice_end(state, end, True)
         return owner or led  # None: our step was already closed, bookkeeping went wrong
     except Exception:
         internal_error("step end")

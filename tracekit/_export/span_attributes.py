@@ -13,8 +13,8 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from tracekit import semconv
-from tracekit._accounting import MS, Ledger, cpu_of, split
-from tracekit._request import Request
+from tracekit._core.ledger import MS, Ledger, cpu_of, split
+from tracekit._core.request_record import Request
 from tracekit.semconv import (
     BLOCKED_AT,
     CHILDREN_MS,
@@ -122,7 +122,7 @@ def end_of(request: Request) -> int:
 
 def open_end(request: Request, end: int) -> int:
     """Where a ledger still open when ``request`` was handed on ends (``end``: the request's):
-    where the wait for it stopped (:meth:`tracekit._runtime.Runtime.linger`), else the
+    where the wait for it stopped (:meth:`tracekit._export.tracing.Runtime.linger`), else the
     request's end; never before the ledger began (see :func:`ledger_end`)."""
     return request.cutoff or end
 
@@ -133,7 +133,7 @@ def ledger_end(led: Ledger, open_at: int) -> int:
 
 
 def ledger_parts(request: Request, end: int = 0) -> list[tuple[int, int, int, int]]:
-    """:func:`tracekit._accounting.split` of every ledger of ``request``, in ledger order
+    """:func:`tracekit._core.ledger.split` of every ledger of ``request``, in ledger order
     (``end``: the request's end, default :func:`end_of`; for ledgers never closed)."""
     open_at = open_end(request, end or end_of(request))
     return [split(led, ledger_end(led, open_at)) for led in request.ledgers]

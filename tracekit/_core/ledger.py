@@ -12,7 +12,7 @@ Split of a ledger's wall time, each nanosecond counted once::
   the step that contains it (``nested_cpu``), so CPU is exclusive.
 - ``children``: wall time covered by direct child stages (union of their intervals).
 - ``consumer``: async-generator stages only: time the consumer held a yielded item.
-- ``loop_wait``: estimated by :mod:`tracekit._loop` at each resumption.
+- ``loop_wait``: estimated by :mod:`tracekit._core.event_loop` at each resumption.
 - ``wait``: the rest: suspended waiting on I/O / the model, or blocked off-CPU in a sync call.
 """
 
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from tracekit import _clock, _loop, semconv
+from tracekit import semconv
+from tracekit._core import clock, event_loop
 
 if TYPE_CHECKING:
-    from tracekit._request import Request
+    from tracekit._core.request_record import Request
 
 MS: Final = 1e6
 SLICE_NOTE_NS: Final = 1_000_000  # slices/waits at least this long are kept for the loop timeline
@@ -108,8 +109,8 @@ class Ledger:
     nested_cpu: int  # CPU of nested stages' steps inside the open step (subtracted from it)
     nested_wall: int  # wall time of those nested steps (the open step's own CPU fits in the rest)
     prev_top: Ledger | None  # what was on top of the thread's step stack before this step
-    state: _loop.ThreadState  # the thread a step-taking stage runs on (tracekit._stages)
-    owns_slice: bool  # a sync call's step began the thread's outermost slice (tracekit._stages)
+    state: event_loop.ThreadState  # the thread a step-taking stage runs on (tracekit._core.stage_timing)
+    owns_slice: bool  # a sync call's step began the thread's outermost slice (tracekit._core.stage_timing)
 
     consumer = 0  # async generators: ns the consumer held yielded items
     slices: list[tuple[int, int]] | None = None  # (start, duration) >= 1 ms, on the loop
@@ -126,14 +127,14 @@ class Ledger:
         self.request = request
         self.parent = parent
         self.span_id = span_id
-        self.start = start or _clock.wall_ns()
+        self.start = start or clock.wall_ns()
         self.end = self.cpu_on = self.cpu_off = self.loop_wait = self.max_block = 0
         self.steps = self.active_children = self.suspended_at = 0
-        # A sync call's ledger (tracekit._stages.step_in): code running while its step is
+        # A sync call's ledger (tracekit._core.stage_timing.step_in): code running while its step is
         # open is synchronous, so a block entered there can take the step over.
         self.sync_call = False
         self.child_spans: list[tuple[int, int]] | None = None  # direct children's (start, end)
-        self.token: Any = None  # the current_ledger token while bound (tracekit._stages)
+        self.token: Any = None  # the current_ledger token while bound (tracekit._core.stage_timing)
         if parent is not None:
             parent.active_children += 1
         if request is not None:
@@ -147,7 +148,7 @@ class Ledger:
         self.attributes[key] = value
 
 
-def step_begin(led: Ledger, state: _loop.ThreadState, now: int, cpu: int) -> None:
+def step_begin(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int) -> None:
     """Open a step of ``led`` on the thread whose state is ``state`` at wall time ``now`` and
     thread CPU time ``cpu``, nested in the step open there (if any).
 
@@ -164,12 +165,12 @@ def step_begin(led: Ledger, state: _loop.ThreadState, now: int, cpu: int) -> Non
     led.step_c0 = cpu
 
 
-def step_end(led: Ledger, state: _loop.ThreadState, now: int, cpu: int, on_loop: bool) -> None:
+def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_loop: bool) -> None:
     """Close the open step of ``led`` at wall time ``now`` and thread CPU time ``cpu``.
 
     A thread cannot use more CPU than the wall time that passes, so a step's CPU is at most
     its wall time, and its own CPU at most the wall time outside its nested steps. Readings
-    can say more: a CPU reading inferred by :func:`tracekit._loop.cpu_now` is high by up to
+    can say more: a CPU reading inferred by :func:`tracekit._core.event_loop.cpu_now` is high by up to
     ``CPU_REUSE_NS``, and a garbage collection can fall between a step's wall and CPU
     readings. Bounding each step here keeps every nanosecond counted once: a stage's CPU plus
     its children's wall time never exceeds its wall time (tests/hostile/test_timing_invariants.py).
@@ -199,13 +200,13 @@ def step_end(led: Ledger, state: _loop.ThreadState, now: int, cpu: int, on_loop:
         led.cpu_off += own
 
 
-def switch(state: _loop.ThreadState, outer: Ledger | None, inner: Ledger | None,
+def switch(state: event_loop.ThreadState, outer: Ledger | None, inner: Ledger | None,
            on_loop: bool) -> int:  # fmt: skip
     """End ``outer``'s open step and begin ``inner``'s with the same readings (either may be
     None); returns the wall time. Used where control passes from one ledger's code to
     another's without leaving the thread: entering and leaving blocks and async stages."""
-    now = _clock.wall_ns()
-    cpu = _loop.cpu_now(state, now)
+    now = clock.wall_ns()
+    cpu = event_loop.cpu_now(state, now)
     if outer is not None:
         step_end(outer, state, now, cpu, on_loop)
     if inner is not None:
@@ -213,12 +214,12 @@ def switch(state: _loop.ThreadState, outer: Ledger | None, inner: Ledger | None,
     return now
 
 
-def resume(led: Ledger, state: _loop.ThreadState, awaiting: Any, now: int) -> None:
+def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) -> None:
     """Account the resumption at ``now`` of ``led``'s coroutine, suspended since ``led.suspended_at``."""
     suspended = led.suspended_at
     led.suspended_at = 0
     if not led.active_children:
-        waited = _loop.estimate_loop_wait(state, suspended, now, awaiting)
+        waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting)
         if waited:
             led.loop_wait += waited
             if waited >= SLICE_NOTE_NS:
@@ -228,7 +229,7 @@ def resume(led: Ledger, state: _loop.ThreadState, awaiting: Any, now: int) -> No
 def close(led: Ledger, end: int = 0) -> bool:
     """End ``led`` at ``end`` (default: now) and report its interval to its parent; returns
     whether it was the last open ledger of its request (which is then to be handed on)."""
-    led.end = end = end or _clock.wall_ns()
+    led.end = end = end or clock.wall_ns()
     parent = led.parent
     if parent is not None:
         parent.active_children -= 1
@@ -276,7 +277,7 @@ def covered_ns(spans: list[tuple[int, int]] | None, start: int, end: int) -> int
 
 def cpu_of(led: Ledger) -> int:
     """The ledger's CPU in ns: never negative (a step between inferred clock readings can be
-    off by up to ``_loop.CPU_REUSE_NS``, see :func:`tracekit._loop.cpu_now`)."""
+    off by up to ``event_loop.CPU_REUSE_NS``, see :func:`tracekit._core.event_loop.cpu_now`)."""
     cpu = led.cpu_on + led.cpu_off
     return cpu if cpu > 0 else 0
 

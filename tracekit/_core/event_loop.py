@@ -29,10 +29,10 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Any, Final
 
-from tracekit import _clock
+from tracekit._core import clock
 
 if TYPE_CHECKING:
-    from tracekit._accounting import Ledger
+    from tracekit._core.ledger import Ledger
 
 # A CPU-clock reading within this many ns of wall time after the last real one on the same
 # thread is inferred from it (see cpu_now).
@@ -44,7 +44,12 @@ _SLEEP_CODE: Final = asyncio.sleep.__code__
 
 
 class ThreadState:
-    """What one thread is running now, and its recent outermost slices (loop threads)."""
+    """What one thread is running now, and its recent outermost slices (loop threads).
+
+    Each field has one writer: ``top`` (the innermost open step) is written by
+    :mod:`tracekit._core.ledger` as steps begin and end; ``watched`` and ``cell`` by the
+    watchdog (:mod:`tracekit._core.watchdog`); everything else by this module.
+    """
 
     __slots__ = ("cell", "cpu_at", "cpu_last", "ident", "loop", "name", "ring_end", "ring_i",
                  "ring_start", "seq", "slice_start", "task", "top", "watched")  # fmt: skip
@@ -99,15 +104,18 @@ def cpu_now(state: ThreadState, now: int) -> int:
     since = now - state.cpu_at
     if 0 <= since <= CPU_REUSE_NS:
         return state.cpu_last + since
-    cpu = _clock.cpu_ns()
+    cpu = clock.cpu_ns()
     state.cpu_at = now
     state.cpu_last = cpu
     return cpu
 
 
-def slice_begin(state: ThreadState, now: int) -> None:
-    """An outermost slice begins: a driven step, or a sync stage called outside any step."""
+def slice_begin(state: ThreadState, now: int, task: object = None, loop: Any = None) -> None:
+    """An outermost slice begins: a driven step (``task``, run by ``loop``, is the task whose
+    coroutine a tracekit driver steps), or a sync stage called outside any step."""
     state.slice_start = now
+    state.task = task
+    state.loop = loop
     state.seq += 1
     cell = state.cell
     if cell is not None:
@@ -118,6 +126,7 @@ def slice_end(state: ThreadState, end: int, on_loop: bool) -> None:
     """The open outermost slice ends; on a loop thread it is remembered for the estimator."""
     start = state.slice_start
     state.slice_start = 0
+    state.task = state.loop = None
     cell = state.cell
     if cell is not None:
         cell[0] = 0

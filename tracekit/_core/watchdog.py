@@ -11,7 +11,7 @@ Polling without the GIL: a Python thread waiting for the GIL is signalled at eve
 the loop thread (each select/epoll of each loop iteration): a futex wake-up system call on the
 loop thread and a futile context switch, thousands a second on a busy healthy loop (0.36 a
 request in the overhead benchmark, and ~2 µs a request on its request path:
-``docs/performance.md``). So where the C helper :mod:`tracekit._slicewatch` is built (and
+``docs/performance.md``). So where the C helper :mod:`tracekit._core._slicewatch` is built (and
 its clock is ``time.perf_counter_ns``'s), the poll runs in C with the GIL released: watched
 threads publish their slice start in a one-item ``array('q')`` (``ThreadState.cell``), and
 the thread takes the GIL only when a slice has run past the threshold (or a thread was
@@ -34,10 +34,11 @@ from array import array
 from types import FrameType
 from typing import Any
 
-from tracekit import _clock, _native
-from tracekit._failsafe import internal_error
-from tracekit._loop import ThreadState
-from tracekit._summary import short_path
+from tracekit import _native
+from tracekit._core import clock
+from tracekit._core.event_loop import ThreadState
+from tracekit._core.failsafe import internal_error
+from tracekit._export.span_attributes import short_path
 
 MAX_CATCHES = 4  # per ledger
 PRUNE_S = 1.0
@@ -51,11 +52,11 @@ _LIBRARY_DIRS = tuple(
 
 
 def _gil_free_poll() -> Any:
-    """:func:`tracekit._slicewatch.wait`, if built, wanted and on ``perf_counter_ns``'s clock."""
+    """:func:`tracekit._core._slicewatch.wait`, if built, wanted and on ``perf_counter_ns``'s clock."""
     if _native.pure_python_requested():
         return None
     try:
-        from tracekit import _slicewatch
+        from tracekit._core import _slicewatch
     except ImportError:
         return None
     skew = abs(_slicewatch.now_ns() - time.perf_counter_ns())
@@ -135,7 +136,7 @@ class Watchdog:
 
     def _check(self, states: list[ThreadState]) -> None:
         """Sample each of these threads whose open slice is past the threshold (once a slice)."""
-        now = _clock.wall_ns()
+        now = clock.wall_ns()
         for state in states:
             start = state.slice_start
             if not start or now - start < self.threshold_ns:
@@ -171,7 +172,7 @@ class Watchdog:
         if catches is None:
             catches = ledger.blocked = []
         if len(catches) < MAX_CATCHES:
-            catches.append((_clock.wall_ns(), held_ns / 1e6, blamed, stack))
+            catches.append((clock.wall_ns(), held_ns / 1e6, blamed, stack))
 
 
 def _stack(frame: FrameType | None) -> list[tuple[str, int, str]]:

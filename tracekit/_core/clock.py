@@ -1,6 +1,6 @@
 """The one clock seam (STYLE §6).
 
-Hot-path code calls ``_clock.wall_ns()`` and ``_clock.cpu_ns()`` through this module, never
+Hot-path code calls ``clock.wall_ns()`` and ``clock.cpu_ns()`` through this module, never
 ``time`` directly, so :class:`tracekit.testing.FakeClock` can replace both and accounting tests
 can assert exact microseconds.
 

@@ -1,4 +1,4 @@
-/* The watchdog's poll, without the GIL (tracekit/_watchdog.py).
+/* The watchdog's poll, without the GIL (tracekit/_core/watchdog.py).
  *
  * A Python thread polling the loop thread every few milliseconds must take the GIL at each
  * poll; while it waits for it, every release of the GIL by the loop thread (each select/epoll
@@ -153,8 +153,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tracekit._slicewatch",
-    "The watchdog's poll, without the GIL (see tracekit/_watchdog.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "tracekit._core._slicewatch",
+    "The watchdog's poll, without the GIL (see tracekit/_core/watchdog.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

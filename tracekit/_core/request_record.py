@@ -1,7 +1,7 @@
 """The compact per-request record kept on the hot path instead of live SDK spans.
 
 A request is recorded as plain integers and ledgers while it runs; its spans are built
-later, off the request path, by :mod:`tracekit._spans`, instead of paying an SDK span
+later, off the request path, by :mod:`tracekit._export.readable_spans`, instead of paying an SDK span
 lifecycle per stage while the request runs (costs measured in docs/performance.md).
 """
 
@@ -10,7 +10,10 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
-from tracekit._accounting import Ledger
+from opentelemetry import trace as otel_trace
+
+from tracekit._core import current
+from tracekit._core.ledger import Ledger
 
 # Span ids need uniqueness, not secrecy: the OpenTelemetry SDK's default generator uses this too.
 _bits: Final = random.getrandbits
@@ -86,3 +89,29 @@ class Request:
         self.scope = None
         if self.error is not None:
             self.error = None  # its traceback's frames reference the request too
+
+
+def late_request(request: Request, parent_span_id: int) -> Request:
+    """A record for a stage opened under ``request`` after it was handed on (work the request
+    spawned, starting late): a tree of its own in the same trace, under ``parent_span_id``."""
+    return Request(request.runtime, request.trace_id, parent_span_id, False, request.trace_state,
+                   server=False)  # fmt: skip
+
+
+def standalone_request() -> Request | None:
+    """A request record for a stage opened outside any request, or None if not recording.
+
+    Its parent is the application's current OpenTelemetry span, if any.
+    """
+    runtime = current.active_runtime
+    if runtime is None or not runtime.enabled:
+        return None
+    current_context = otel_trace.get_current_span().get_span_context()
+    parent = current_context if current_context.is_valid else None
+    trace_id = parent.trace_id if parent else new_trace_id()
+    if not runtime.sample(trace_id, parent, "stage"):
+        return None
+    request = Request(runtime, trace_id, parent.span_id if parent else None,
+                      bool(parent and parent.is_remote), parent.trace_state if parent else None,
+                      server=False)  # fmt: skip
+    return request

@@ -6,7 +6,7 @@ and its sampling decision, the W3C ``traceparent``, the send watching (TTFB, TTF
 inter-chunk gaps, the last byte), and handing the finished record to the runtime.
 
 Every function that runs inside a request is guarded: a bookkeeping failure is logged once
-and the request goes on (:func:`tracekit._failsafe.internal_error`).
+and the request goes on (:func:`tracekit._core.failsafe.internal_error`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from tracekit import _accounting, _clock, _loop, _runtime
-from tracekit._accounting import REQUEST, Ledger, Site
-from tracekit._context import reset_ledger, set_ledger
-from tracekit._failsafe import internal_error
-from tracekit._request import Request, new_span_id, new_trace_id
+from tracekit._core import active_span, clock, event_loop, ledger
+from tracekit._core.current import reset_ledger, set_ledger
+from tracekit._core.failsafe import internal_error
+from tracekit._core.ledger import REQUEST, Ledger, Site
+from tracekit._core.request_record import Request, new_span_id, new_trace_id
 
 MAX_GAPS: Final = 4096  # inter-chunk gaps kept per request; beyond, a uniform reservoir sample
 UNSAMPLED: Final = Ledger(Site("unsampled", "request"), None, None, 0)  # marks "inside a dropped request"
@@ -33,7 +33,7 @@ UNSAMPLED: Final = Ledger(Site("unsampled", "request"), None, None, 0)  # marks 
 _randrange: Final = random.randrange
 
 
-def begin(runtime: _runtime.Runtime, scope: MutableMapping[str, Any]) -> Request | SpanContext | None:
+def begin(runtime: Any, scope: MutableMapping[str, Any]) -> Request | SpanContext | None:
     """A request record for ``scope``; when the sampler drops it, the parent (or None)."""
     try:
         active = otel_trace.get_current_span()
@@ -72,12 +72,12 @@ def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
     have the watchdog watch this loop thread; returns what :func:`leave` unbinds (None: it
     could not, logged)."""
     try:
-        state = _loop.thread_state()
+        state = event_loop.thread_state()
         watchdog = request.runtime.watchdog
         if state.watched is not watchdog and watchdog is not None:
             watchdog.watch(state)
         return (set_ledger(request.root),
-                otel_context.attach(_runtime.request_context(request)))  # fmt: skip
+                otel_context.attach(active_span.request_context(request)))  # fmt: skip
     except Exception:
         internal_error("request start")
         return None
@@ -111,7 +111,7 @@ def leave(request: Request, tokens: tuple[Token[Ledger | None], object]) -> None
         if request.status and not request.end and request.error is None:
             disconnected(request)
         root = request.root
-        last = _accounting.close(root) if root is not None else True
+        last = ledger.close(root) if root is not None else True
         if request.enrich is not None and request.enrich.is_recording():
             enrich(request)
         if last:
@@ -127,7 +127,7 @@ def response_start(request: Request, message: MutableMapping[str, Any]) -> None:
     try:
         status = message.get("status", 0)
         request.status = status if type(status) is int else 0
-        request.ttfb = _clock.wall_ns()
+        request.ttfb = clock.wall_ns()
     except Exception:
         internal_error("send watch")
 
@@ -149,11 +149,11 @@ def body(request: Request, message: MutableMapping[str, Any]) -> bool:
 
 def body_sent(request: Request) -> None:
     """The last body message left: the request span ends now."""
-    request.end = _clock.wall_ns()
+    request.end = clock.wall_ns()
 
 
 def _chunk(request: Request) -> None:
-    now = _clock.wall_ns()
+    now = clock.wall_ns()
     if request.chunks:
         gap = now - request.chunk_last
         gaps = request.gaps
@@ -175,12 +175,12 @@ def _chunk(request: Request) -> None:
 
 def enrich(request: Request) -> None:
     """Put the request-level attributes on the server span another instrumentation made."""
-    from tracekit import _summary
+    from tracekit._export import span_attributes
 
     try:
         if request.end == 0:
-            request.end = _clock.wall_ns()  # provisional: the span ends with this send
-        request.enrich.set_attributes(_summary.request_attributes(request))
+            request.end = clock.wall_ns()  # provisional: the span ends with this send
+        request.enrich.set_attributes(span_attributes.request_attributes(request))
     except Exception:
         internal_error("enrich server span")
 
@@ -188,7 +188,7 @@ def enrich(request: Request) -> None:
 def unsampled(parent: SpanContext | None) -> tuple[Token[Ledger | None], object]:
     """Bind a request the sampler dropped: ids still propagate, flagged not sampled."""
     trace_id = parent.trace_id if parent is not None else new_trace_id()
-    context = _runtime.unsampled_context(
+    context = active_span.unsampled_context(
         trace_id, new_span_id(), parent.trace_state if parent is not None else None)  # fmt: skip
     return set_ledger(UNSAMPLED), otel_context.attach(context)
 

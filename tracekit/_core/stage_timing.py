@@ -1,17 +1,17 @@
 """Opening and closing stage ledgers, and timing their code: what every form of
 ``tracekit.stage`` shares.
 
-A stage's ledger is opened under the current one (:data:`tracekit._context.current_ledger`),
+A stage's ledger is opened under the current one (:data:`tracekit._core.current.current_ledger`),
 or as the root of a tree of its own when no request is being traced (a "standalone" stage:
 its parent is the application's current OpenTelemetry span, if any). Bound ledgers become
 the current one until they close, so nested stages find their parent and outgoing calls
-propagate the innermost stage (:class:`tracekit._runtime.LedgerSpan`).
+propagate the innermost stage (:class:`tracekit._core.active_span.LedgerSpan`).
 
-How the code is timed (see also :mod:`tracekit._steps`):
+How the code is timed (see also :mod:`tracekit._core.driver`):
 
 - a sync call is one step, nested in whatever step is open on its thread;
 - an async stage or a block entered while a tracekit driver steps its task takes the open
-  step over (:func:`tracekit._accounting.switch`) and hands it back when it leaves; an async
+  step over (:func:`tracekit._core.ledger.switch`) and hands it back when it leaves; an async
   stage entered anywhere else gets a driver of its own;
 - a block entered inside a sync call takes the call's step over the same way (sync code
   cannot suspend);
@@ -20,7 +20,7 @@ How the code is timed (see also :mod:`tracekit._steps`):
   would be charged with other tasks' work.
 
 Everything here runs on the request path: a bookkeeping failure is logged once
-(:func:`tracekit._failsafe.internal_error`) and never reaches the application.
+(:func:`tracekit._core.failsafe.internal_error`) and never reaches the application.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Final
 
 from opentelemetry import context as otel_context
 
-from tracekit import _accounting, _clock, _loop, _runtime, semconv
-from tracekit._accounting import Ledger, Site
-from tracekit._context import get_ledger, reset_ledger, set_ledger
-from tracekit._failsafe import internal_error
-from tracekit._request import new_span_id
+from tracekit import semconv
+from tracekit._core import active_span, clock, event_loop, ledger, request_record
+from tracekit._core.current import get_ledger, reset_ledger, set_ledger
+from tracekit._core.failsafe import internal_error
+from tracekit._core.ledger import Ledger, Site
+from tracekit._core.request_record import new_span_id
 
 _get_running_loop: Final = asyncio._get_running_loop
 _current_task: Final = asyncio.current_task
@@ -54,7 +55,7 @@ def open_ledger(site: Site, bind: bool = True, start: int = 0) -> Ledger | None:
     """
     parent = get_ledger()
     if parent is None:  # a stage outside any request: a tree of its own
-        request = _runtime.standalone_request()
+        request = request_record.standalone_request()
         if request is None:
             return None
     else:
@@ -62,14 +63,14 @@ def open_ledger(site: Site, bind: bool = True, start: int = 0) -> Ledger | None:
         if request is None:  # the request is not sampled
             return None
         if request.pending < 0:  # opened after its request was handed on (work it spawned)
-            request = _runtime.late_request(request, parent.span_id)
+            request = request_record.late_request(request, parent.span_id)
             parent = None
     led = Ledger(site, request, parent, new_span_id(), start)
     if parent is None:  # the root of a tree of its own
         request.span_id = led.span_id
         request.root = led
         if bind:
-            led.otel_token = otel_context.attach(_runtime.request_context(request))
+            led.otel_token = otel_context.attach(active_span.request_context(request))
     if bind:
         led.token = set_ledger(led)
     return led
@@ -86,8 +87,8 @@ def close_ledger(led: Ledger, error: BaseException | None, end: int = 0) -> None
         request = led.request
         if led.parent is None and request is not None:  # a standalone tree's root
             request.start = led.start
-            request.end = end = end or _clock.wall_ns()
-        last = _accounting.close(led, end)
+            request.end = end = end or clock.wall_ns()
+        last = ledger.close(led, end)
         if led.otel_token is not None:
             otel_context.detach(led.otel_token)  # type: ignore[arg-type]
         if led.token is not None:
@@ -111,30 +112,30 @@ def step_in(led: Ledger) -> int:
     The two clocks are read back to back, after every allocation: a garbage collection
     between them would be in the step's wall time and not in its CPU time, and so counted
     as its parent's CPU as well (issue 11)."""
-    state = led.state = _loop.thread_state()
+    state = led.state = event_loop.thread_state()
     led.sync_call = True
-    now = _clock.wall_ns()
-    cpu = _loop.cpu_now(state, now)
+    now = clock.wall_ns()
+    cpu = event_loop.cpu_now(state, now)
     led.owns_slice = state.top is None and not state.slice_start
     if led.owns_slice:
-        _loop.slice_begin(state, now)
-    _accounting.step_begin(led, state, now, cpu)
+        event_loop.slice_begin(state, now)
+    ledger.step_begin(led, state, now, cpu)
     return now
 
 
 def step_out(led: Ledger) -> int:
     """End the step :func:`step_in` began; returns the wall time."""
-    end = _clock.wall_ns()
+    end = clock.wall_ns()
     state = led.state
-    cpu = _loop.cpu_now(state, end)
+    cpu = event_loop.cpu_now(state, end)
     loop = on_loop(state)
-    _accounting.step_end(led, state, end, cpu, loop)
+    ledger.step_end(led, state, end, cpu, loop)
     if led.owns_slice:
-        _loop.slice_end(state, end, loop)
+        event_loop.slice_end(state, end, loop)
     return end
 
 
-def on_loop(state: _loop.ThreadState) -> bool:
+def on_loop(state: event_loop.ThreadState) -> bool:
     """Whether this thread is running an event loop now (``state``: its state)."""
     return state.task is not None or _get_running_loop() is not None
 
@@ -195,7 +196,7 @@ def enter(site: Site, block: bool) -> tuple[Ledger, Ledger | None] | None:
     is the ledger whose step it took over (None if none was open), or :data:`NO_STEP` when
     it takes no step (see the module doc); None when not recording."""
     try:
-        state = _loop.thread_state()
+        state = event_loop.thread_state()
         stepped = state.task
         # A driver steps a task on this thread: its loop is known (asking asyncio costs a
         # system call on 3.11). The running task may still be another (an eager task).
@@ -209,15 +210,15 @@ def enter(site: Site, block: bool) -> tuple[Ledger, Ledger | None] | None:
         if not steps:
             led = open_ledger(site)
             return None if led is None else (led, NO_STEP)
-        now = _clock.wall_ns()
-        cpu = _loop.cpu_now(state, now)
+        now = clock.wall_ns()
+        cpu = event_loop.cpu_now(state, now)
         led = open_ledger(site, True, now)
         if led is None:
             return None
         outer = state.top
         if outer is not None:
-            _accounting.step_end(outer, state, now, cpu, loop is not None)
-        _accounting.step_begin(led, state, now, cpu)
+            ledger.step_end(outer, state, now, cpu, loop is not None)
+        ledger.step_begin(led, state, now, cpu)
         led.state = state
         led.sync_call = block and (outer is None or outer.sync_call)  # a block in sync code
         return led, outer
@@ -232,7 +233,7 @@ def leave(led: Ledger, outer: Ledger | None, error: BaseException | None) -> Non
     try:
         # Not on top: left from outside its step (coroutine close(), an unbalanced exit).
         if outer is not NO_STEP and led.state.top is led:
-            end = _accounting.switch(led.state, led, outer, on_loop(led.state))
+            end = ledger.switch(led.state, led, outer, on_loop(led.state))
     except Exception:
         internal_error("stage end")
     close_ledger(led, error, end)
@@ -242,7 +243,7 @@ def bind(led: Ledger) -> tuple[Token[Ledger | None], object]:
     """Make ``led`` current (generator stages, for each iteration); returns what to unbind."""
     otel_token = None
     if led.parent is None and led.request is not None:
-        otel_token = otel_context.attach(_runtime.request_context(led.request))
+        otel_token = otel_context.attach(active_span.request_context(led.request))
     return set_ledger(led), otel_token
 
 

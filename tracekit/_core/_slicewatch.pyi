@@ -1,4 +1,4 @@
-"""Types of the C helper tracekit/_slicewatch.c (the watchdog's GIL-free poll)."""
+"""Types of the C helper tracekit/_core/_slicewatch.c (the watchdog's GIL-free poll)."""
 
 from array import array
 

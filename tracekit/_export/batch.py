@@ -1,7 +1,7 @@
 """The batch span processor ``configure()`` puts in front of a network exporter (OTLP).
 
 The SDK's ``BatchSpanProcessor`` (export on its own thread, a bounded queue), plus what it
-lacks for a bounded shutdown (:mod:`tracekit._runtime`, "shutdown"):
+lacks for a bounded shutdown (:mod:`tracekit._export.shutdown`):
 
 - ``force_flush`` and ``shutdown`` return by their deadline whatever the collector does. The
   SDK's ``force_flush`` ignores its timeout and its ``shutdown`` waits up to 30 s, while a
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from tracekit import _runtime
+from tracekit._export import shutdown
 
 
 class CountedBatchSpanProcessor(BatchSpanProcessor):
@@ -30,7 +30,7 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
         self._counting = _CountingExporter(exporter)
         super().__init__(self._counting)
         self.received = 0  # sampled spans handed in (those the SDK's processor queues)
-        _runtime.exports.add(self)
+        shutdown.exports.add(self)
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context
@@ -47,11 +47,11 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
     def force_flush(self, timeout_millis: int | None = None) -> bool:
         timeout_s = (30_000 if timeout_millis is None else timeout_millis) / 1000
         flush = super().force_flush
-        return _runtime.bounded(flush, time.monotonic() + timeout_s, "span export flush")
+        return shutdown.bounded(flush, time.monotonic() + timeout_s, "span export flush")
 
     def shutdown(self) -> None:
         # The SDK provider's atexit handler calls this too: bounded by the shutdown timeout.
-        _runtime.bounded(super().shutdown, _runtime.shutdown_deadline(), "span export shutdown")
+        shutdown.bounded(super().shutdown, shutdown.deadline(), "span export shutdown")
 
 
 class _CountingExporter(SpanExporter):

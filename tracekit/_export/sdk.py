@@ -1,0 +1,121 @@
+"""The few places tracekit relies on the OpenTelemetry SDK beyond its public API.
+
+Each is checked where it is used and falls back to the public API when the SDK changed
+(tests/core/test_export.py checks both ways):
+
+- :func:`processors`: a provider's span processors, reached inside its multi-processor to
+  hand spans to each directly (``SynchronousMultiSpanProcessor._span_processors``);
+- :func:`active_processor`: the processor chain of a ``TracerProvider`` the application made
+  (``TracerProvider._active_span_processor``), to send tracekit's spans where the app's go;
+- :func:`is_default_sampler`: whether a sampler is the SDK's default (by its description);
+- span contexts built directly (``tracekit._export.readable_spans``: ``SpanContext`` is a
+  tuple; ``ReadableSpan`` takes its fields positionally).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
+
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_tuple_new: Final = tuple.__new__
+
+
+def processors(processor: Any, sync_multi: type | None) -> tuple[Any, ...]:
+    """The processors to hand spans to: those of the SDK's synchronous multi-processor (a
+    provider's ``add_span_processor`` chain) directly, one call per span fewer, else it.
+
+    Read at every delivery, so processors the application adds later receive spans too.
+    """
+    if sync_multi is not None and type(processor) is sync_multi:
+        inner = getattr(processor, "_span_processors", None)
+        if type(inner) is tuple:
+            return inner
+    return (processor,)
+
+
+def sync_multi_type() -> type | None:
+    try:
+        from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+    except ImportError:  # the API alone: nothing records, nothing to unwrap
+        return None
+    return SynchronousMultiSpanProcessor
+
+
+def is_default_sampler(sampler: Any) -> bool:
+    try:
+        return bool(sampler.get_description() == "ParentBased{root:AlwaysOnSampler,"
+                    "remoteParentSampled:AlwaysOnSampler,remoteParentNotSampled:AlwaysOffSampler,"
+                    "localParentSampled:AlwaysOnSampler,localParentNotSampled:AlwaysOffSampler}")
+    except Exception:
+        return False
+
+
+def active_processor(provider: Any) -> Any:
+    """The span processor chain of an SDK ``TracerProvider`` (None if it has none we can see):
+    tracekit's spans go where the application's go."""
+    return getattr(provider, "_active_span_processor", None)
+
+
+def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None,
+                 valid: bool) -> SpanContext:  # fmt: skip
+    """``SpanContext(trace_id, span_id, False, SAMPLED, trace_state)``, built directly.
+
+    ``SpanContext`` is a tuple whose ``__new__`` (Python) only fills defaults and checks the
+    ids; span building makes one per span, and that call was a tenth of its cost. The tuple
+    is made here instead (``valid``: whether both ids are in range, which the caller knows:
+    :func:`ids_valid`), after :func:`_fast_contexts_match` checked at import that it comes
+    out equal to the constructor's (else :func:`span_context` uses the constructor).
+    """
+    state = trace_state if trace_state is not None else DEFAULT_TRACE_STATE
+    return _tuple_new(SpanContext, (trace_id, span_id, False, _SAMPLED, state, valid))
+
+
+def ids_valid(trace_id: int, span_id: int) -> bool:
+    """What ``SpanContext.is_valid`` says of these ids."""
+    return 0 < trace_id < _TRACE_ID_LIMIT and 0 < span_id < _SPAN_ID_LIMIT
+
+
+def span_context(trace_id: int, span_id: int, trace_state: TraceState | None,
+                 valid: bool | None = None) -> SpanContext:  # fmt: skip
+    """A sampled, local span context for these ids (``valid``: :func:`ids_valid` of them,
+    when the caller knows it already)."""
+    if not _FAST_CONTEXTS:
+        return SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
+    if valid is None:
+        valid = ids_valid(trace_id, span_id)
+    return _new_context(trace_id, span_id, trace_state, valid)
+
+
+def _fast_contexts_match() -> bool:
+    for trace_id, span_id in ((0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331), (0, 1)):
+        for trace_state in (None, TraceState([("k", "v")])):
+            try:
+                fast = _new_context(trace_id, span_id, trace_state, ids_valid(trace_id, span_id))
+                slow = SpanContext(trace_id, span_id, False, _SAMPLED, trace_state)
+            except Exception:
+                return False
+            if type(fast) is not type(slow) or fast != slow or fast.is_valid != slow.is_valid:
+                return False
+    return True
+
+
+_TRACE_ID_LIMIT: Final = 1 << 128
+_SPAN_ID_LIMIT: Final = 1 << 64
+_FAST_CONTEXTS: Final = _fast_contexts_match()
+
+
+def readable_span(name: str, context: SpanContext, parent: SpanContext | None, resource: Any,
+          attributes: dict[str, Any], events: Sequence[Event], kind: SpanKind, status: Status,
+          start: int, end: int, scope: InstrumentationScope) -> ReadableSpan:  # fmt: skip
+    """An SDK ``ReadableSpan`` of these fields."""
+    # Positional, in the order of ReadableSpan.__init__'s parameters: passing eleven keyword
+    # arguments builds a dict per call, a measurable share of span building (tests check
+    # every field of the spans built here).
+    return ReadableSpan(name, context, parent, resource, attributes, events, (), kind, None,
+                        status, start, end, scope)  # fmt: skip

@@ -1,0 +1,277 @@
+"""The process-wide tracing runtime: sampling, hand-off of finished requests, span building.
+
+Finished :class:`~tracekit._core.request_record.Request` records are appended to a deque on the request
+path (~0.1 µs) and turned into OpenTelemetry ``ReadableSpan`` objects on a background thread
+that wakes every ``DRAIN_INTERVAL_S`` (never per request: a wake-up per request would make the
+two threads fight for the GIL); only when the builder falls far behind a saturated loop does
+the request path build a couple of queued requests itself. The spans then go to the SDK span
+processor (a
+``BatchSpanProcessor`` exporting on its own thread) and to any active ``tracekit.record()``.
+
+Shutdown is bounded: :mod:`tracekit._export.shutdown`.
+
+Only ``configure()``/``record()`` create a runtime, and they import the SDK; this module
+imports the OpenTelemetry API only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from tracekit._core import clock, current
+from tracekit._core.failsafe import internal_error, logger
+from tracekit._core.request_record import HANDED_ON, Request
+from tracekit._export import shutdown
+
+DRAIN_INTERVAL_S = 0.05
+# Finished requests waiting for the span-building thread. At WAKE_AT the builder is woken
+# early. Past half of MAX_QUEUE it is losing the GIL to a saturated loop (a thread waiting for
+# the GIL rarely wins it from one that releases and retakes it around every select): the
+# submitting thread then builds the two oldest queued requests itself, so the backlog
+# shrinks instead of reaching MAX_QUEUE, where new requests would be dropped (counted in
+# Runtime.dropped, logged once): the bound on memory (~0.6 kB a request). The builder thread
+# stays the first choice: its work overlaps the loop thread's system calls.
+MAX_QUEUE = 8192
+WAKE_AT = 1024
+HELP_COUNT = 2
+# A request that ended while stages it spawned were still open waits for them at most this
+# long, then is handed on as it stands: those stages end there, marked unfinished (an async
+# generator abandoned unclosed never ends; a background task may run for ever).
+LINGER_S = 10.0
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+class Runtime:
+    """Where finished requests go: an SDK span processor and/or in-memory recorders.
+
+    Args:
+        processor: an SDK ``SpanProcessor`` (``on_end``, ``force_flush``, ``shutdown``) or None.
+        resource: the SDK ``Resource`` for built spans.
+        sampler: an SDK ``Sampler``; None means parent-based always-on.
+        block_threshold_ms: the watchdog samples the loop's stack past this slice length.
+    """
+
+    privacy: Any = None  # what spans may carry (tracekit._export.span_attributes.Privacy); None: the defaults
+
+    def __init__(self, processor: Any, resource: Any, sampler: Any = None,
+                 block_threshold_ms: float = 20.0, owns_processor: bool = False) -> None:  # fmt: skip
+        from tracekit._export import sdk  # the SDK: a runtime is made once something records
+
+        self.processor = processor
+        self.resource = resource
+        self.sampler = sampler
+        self.always_on = sampler is None or sdk.is_default_sampler(sampler)
+        self.block_threshold_ms = block_threshold_ms
+        self.owns_processor = owns_processor
+        self.dropped = 0
+        self._queue: deque[Request] = deque()
+        self._lingering: deque[tuple[float, Request]] = deque()  # (deadline, request), in order
+        self._lock = threading.Lock()  # held by a drain (the builder thread's, a flush's)
+        self._count_lock = threading.Lock()
+        self._helping = 0  # submitters building queued requests right now (see _help)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._scope: Any = None
+        self._spans: Any = None  # tracekit._export.readable_spans, imported on first use (it imports the SDK)
+        self.watchdog: Any = None
+        self._processors = sdk.processors  # the processors to hand spans to (see sdk.processors)
+        self._sync_multi = sdk.sync_multi_type() if processor is not None else None
+        shutdown.runtimes.add(self)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything receives spans."""
+        return self.processor is not None or bool(recorders)
+
+    # --- sampling ---------------------------------------------------------------------------
+    def sample(self, trace_id: int, parent: SpanContext | None, name: str) -> bool:
+        """The sampling decision for a new request or standalone stage tree."""
+        if recorders:
+            return True  # tests and the demo record everything
+        if self.always_on:
+            return parent is None or parent.trace_flags.sampled
+        try:
+            ctx = otel_trace.set_span_in_context(NonRecordingSpan(parent)) if parent else None
+            result = self.sampler.should_sample(ctx, trace_id, name, otel_trace.SpanKind.SERVER)
+            return bool(result.decision.is_sampled())
+        except Exception:
+            internal_error("sampler")
+            return True
+
+    # --- hand-off ---------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Queue a finished request for span building (request path: cheap, never blocks)."""
+        request.pending = HANDED_ON  # a stage opened under it from now on is a tree of its own
+        queue = self._queue
+        waiting = len(queue)
+        if waiting >= MAX_QUEUE:
+            request.release()
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning("tracekit: span building cannot keep up; dropping traces (counted)")
+            return
+        queue.append(request)
+        if waiting == WAKE_AT:
+            self._wake.set()
+        elif waiting >= MAX_QUEUE >> 1:
+            self._help()
+        if self._thread is None:
+            self._start_thread()
+
+    def linger(self, request: Request) -> None:
+        """``request`` is over but stages it spawned are still open: the last of them to close
+        hands it on, or :meth:`_expire` does after ``LINGER_S``."""
+        self._lingering.append((time.monotonic() + LINGER_S, request))
+        if self._thread is None:
+            self._start_thread()
+
+    def _expire(self, everything: bool = False) -> None:
+        """Hand on the lingering requests past their deadline (``everything``: all of them),
+        their open stages ending now; forget those their last stage handed on."""
+        lingering = self._lingering
+        now = time.monotonic()
+        while lingering:
+            deadline, request = lingering[0]
+            if request.pending > 0 and deadline > now and not everything:
+                return
+            lingering.popleft()
+            if request.pending > 0:  # read and written with no call between (see tracekit._core.ledger.close)
+                request.pending = HANDED_ON
+                request.cutoff = clock.wall_ns()
+                self.submit(request)
+
+    def _help(self) -> None:
+        """Build the oldest queued requests here (the builder is falling behind).
+
+        Without the builder's lock: a builder starved of the GIL may hold it for as long as
+        the loop keeps the GIL. ``_helping`` counts helpers at work, for :meth:`flush`."""
+        with self._count_lock:
+            self._helping += 1
+        try:
+            for _ in range(HELP_COUNT):
+                if not self._build_one():
+                    break
+        finally:
+            with self._count_lock:
+                self._helping -= 1
+
+    def flush(self, timeout_ms: float = 30_000) -> bool:
+        """Build spans for every queued request now, then flush the span processor.
+
+        Returns within ``timeout_ms`` even when the processor does not (the SDK's batch
+        processor ignores its timeout): True when everything was handed on in time.
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
+        self._drain()
+        while self._helping and time.monotonic() < deadline:  # another thread is helping
+            time.sleep(0.001)
+        processor = self.processor
+        if processor is None:
+            return True
+        left = shutdown.ms_left(deadline)
+        return shutdown.bounded(lambda: processor.force_flush(left), deadline, "processor flush")
+
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Drain, stop the drain thread and (if tracekit created it) the processor, waiting
+        for the processor until ``deadline`` (``time.monotonic()``; default: the shutdown
+        timeout from now)."""
+        self._stopped = True
+        self._wake.set()
+        self._expire(everything=True)
+        self._drain()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.processor is not None and self.owns_processor:
+            until = shutdown.deadline() if deadline is None else deadline
+            shutdown.bounded(self.processor.shutdown, until, "processor shutdown")
+
+    def _start_thread(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            thread = threading.Thread(target=self._run, name="tracekit-spans", daemon=True)
+            self._thread = thread
+            thread.start()
+            shutdown.register_exit()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(DRAIN_INTERVAL_S)
+            self._wake.clear()
+            if self._lingering:
+                self._expire()
+            self._drain()
+
+    def _drain(self) -> None:
+        """Build every queued request (under the lock: a flush returns only after the
+        builder thread's drain, if one is under way, has delivered what it popped)."""
+        with self._lock:
+            while self._build_one():
+                pass
+
+    def _build_one(self) -> bool:
+        """Build and deliver the oldest queued request; False when none is queued."""
+        spans_module = self._spans
+        if spans_module is None:
+            from tracekit._export import readable_spans  # the SDK, only once something is recorded
+
+            spans_module = self._spans = readable_spans
+            self._scope = readable_spans.instrumentation_scope()
+        try:
+            request = self._queue.popleft()
+        except IndexError:
+            return False
+        try:
+            spans = spans_module.build(request, self.resource, self._scope)
+        except Exception:
+            internal_error("span building")
+            return True
+        finally:
+            request.release()
+        self._deliver(spans)
+        return True
+
+    def _deliver(self, spans: list[Any]) -> None:
+        processor = self.processor
+        if processor is not None:
+            for target in self._processors(processor, self._sync_multi):
+                on_end = target.on_end
+                for span in spans:
+                    try:
+                        on_end(span)
+                    except Exception:
+                        internal_error("span processor")
+        for recorder in list(recorders):
+            try:
+                recorder(spans)
+            except Exception:
+                internal_error("recorder")
+
+
+# --- the process-wide runtime ---------------------------------------------------------------
+# Open tracekit.record() captures. Process-wide, not per runtime, so that a middleware given
+# its own tracer_provider is recorded too.
+recorders: list[Callable[[list[Any]], None]] = []
+
+
+def flush_all() -> None:
+    """Build and deliver everything queued in every runtime (what a recording reads)."""
+    for runtime in list(shutdown.runtimes):
+        runtime.flush()
+
+
+def install(runtime: Runtime | None) -> Runtime | None:
+    """Make ``runtime`` the one recording (:data:`tracekit._core.current.active_runtime`);
+    returns the previous one."""
+    previous: Runtime | None = current.active_runtime
+    current.active_runtime = runtime
+    return previous
