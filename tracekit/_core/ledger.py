@@ -154,9 +154,9 @@ def step_begin(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int) -
 
     Every step boundary reads the thread's CPU clock (a system call): a step begins with the
     readings that ended the previous one when control switches between ledgers, but a nested
-    step's start is never inferred from the enclosing step's readings. That was tried and
-    dropped: on a host short of CPU the enclosing code's wall time is not CPU time, and the
-    nested stage was then under-counted (tests/core/test_stage.py, exclusive-CPU test).
+    step's start is never inferred from the enclosing step's readings: on a host short of CPU
+    the enclosing code's wall time is not CPU time, and the nested stage would be under-counted
+    (tests/core/test_stage.py, exclusive-CPU test).
     """
     led.prev_top = state.top
     state.top = led

@@ -9,10 +9,10 @@ ledger), ``file:line in function`` plus a short stack. One sample per slice.
 
 Polling without the GIL: a Python thread waiting for the GIL is signalled at every release by
 the loop thread (each select/epoll of each loop iteration): a futex wake-up system call on the
-loop thread and a futile context switch, thousands a second on a busy healthy loop (0.36 a
-request in the overhead benchmark, and ~2 µs a request on its request path:
-``docs/performance.md``). So where the C helper :mod:`tracekit._core._slicewatch` is built (and
-its clock is ``time.perf_counter_ns``'s), the poll runs in C with the GIL released: watched
+loop thread and a futile context switch, thousands a second on a busy healthy loop (the
+cost per request is in ``docs/performance.md``). So where the C helper
+:mod:`tracekit._core._slicewatch` is built (and its clock is ``time.perf_counter_ns``'s), the
+poll runs in C with the GIL released: watched
 threads publish their slice start in a one-item ``array('q')`` (``ThreadState.cell``), and
 the thread takes the GIL only when a slice has run past the threshold (or a thread was
 watched, or once a second to prune). Without it (no compiler, another platform,

@@ -36,7 +36,7 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
         context = span.context
         if context is not None and context.trace_flags.sampled:
             # Not locked: two threads ending spans at once may rarely lose an increment (a
-            # figure for the log, not an invariant); a lock cost 0.3-1 µs a span.
+            # figure for the log, not an invariant); a lock would cost more than the figure is worth.
             self.received += 1
         super().on_end(span)
 

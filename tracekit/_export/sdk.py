@@ -67,7 +67,7 @@ def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None,
     """``SpanContext(trace_id, span_id, False, SAMPLED, trace_state)``, built directly.
 
     ``SpanContext`` is a tuple whose ``__new__`` (Python) only fills defaults and checks the
-    ids; span building makes one per span, and that call was a tenth of its cost. The tuple
+    ids; span building makes one per span, and that call is a large share of its cost. The tuple
     is made here instead (``valid``: whether both ids are in range, which the caller knows:
     :func:`ids_valid`), after :func:`_fast_contexts_match` checked at import that it comes
     out equal to the constructor's (else :func:`span_context` uses the constructor).
