@@ -13,15 +13,16 @@ latency or at least 50 ms, ``medium`` at least 5%, else ``low``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.analysis.model import RequestRecord
 from tracekit.errors import ConfigurationError
 
-#: Severities, least severe first.
-SEVERITIES = ("low", "medium", "high")
+#: Severities, most severe first: the order reports list findings in and the choices of
+#: ``tracekit analyze --fail-on``.
+SEVERITIES = ("high", "medium", "low")
 _RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 #: Severity thresholds (report contract): fraction of the route's p50, and absolute ms.
@@ -31,6 +32,15 @@ MEDIUM_FRACTION = 0.05
 
 #: What a :class:`Fix` can do to the recorded requests (see ``docs/analyzer-rules.md``).
 FIX_ACTIONS = ("thread", "process", "shrink", "gather", "fanout", "model_overlap")
+
+
+def severity_rank(severity: object) -> int:
+    """Where ``severity`` sorts: 0 for ``"high"``, ..., ``len(SEVERITIES)`` for anything else.
+
+    Args:
+        severity: a severity, or any value read from a report (unknown values sort last).
+    """
+    return _RANK.get(severity, len(SEVERITIES)) if isinstance(severity, str) else len(SEVERITIES)
 
 
 def severity_at_least(severity: str, threshold: str) -> bool:
@@ -51,7 +61,18 @@ def severity_at_least(severity: str, threshold: str) -> bool:
             raise ConfigurationError(
                 f"unknown severity {value!r}; expected one of {', '.join(SEVERITIES)}"
             )
-    return _RANK[severity] >= _RANK[threshold]
+    return _RANK[severity] <= _RANK[threshold]
+
+
+def worst_severity(severities: Iterable[object]) -> str | None:
+    """The most severe of ``severities``, or ``None`` when none is a known severity."""
+    rank = min(map(severity_rank, severities), default=len(SEVERITIES))
+    return SEVERITIES[rank] if rank < len(SEVERITIES) else None
+
+
+def finding_order(finding: Finding) -> tuple[int, float]:
+    """Sort key of findings: most severe first, then the larger impact first."""
+    return severity_rank(finding.severity), -finding.impact_ms
 
 
 def severity_for(impact_ms: float, route_p50_ms: float | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from tracekit.analysis.aggregate import Aggregator
+from tracekit.analysis.findings import finding_order, worst_severity
 from tracekit.analysis.model import RequestRecord
 from tracekit.errors import ConfigurationError
 
@@ -27,8 +28,6 @@ SCHEMA = "tracekit.report/1"
 TIMELINE_REQUESTS = 200
 #: Spans shown in the slowest request's waterfall (the earliest-starting ones).
 WATERFALL_SPANS = 500
-SEVERITIES = ("high", "medium", "low")
-_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 @dataclass(slots=True)
@@ -126,8 +125,7 @@ class Report:
 
     def worst_severity(self) -> str | None:
         """The most severe finding's severity, or ``None`` without findings."""
-        ranks = [_SEVERITY_RANK.get(str(f.severity), len(SEVERITIES)) for f in self.findings]
-        return SEVERITIES[min(ranks)] if ranks and min(ranks) < len(SEVERITIES) else None
+        return worst_severity(f.severity for f in self.findings)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -240,13 +238,8 @@ def _rules_and_validation(
         found.extend(rule(sample, ctx))
     if only is not None:
         found = [f for f in found if f.route in only]
-    found.sort(key=lambda f: (_SEVERITY_RANK.get(str(f.severity), len(SEVERITIES)), -_impact(f)))
+    found.sort(key=finding_order)
     return found, validation
-
-
-def _impact(finding: Any) -> float:
-    impact = getattr(finding, "impact_ms", None)
-    return float(impact) if isinstance(impact, (int, float)) else 0.0
 
 
 def waterfall(req: RequestRecord) -> dict[str, Any]:

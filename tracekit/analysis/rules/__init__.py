@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from tracekit.analysis.findings import Finding, RuleContext
+from tracekit.analysis.findings import Finding, RuleContext, finding_order
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
@@ -58,8 +58,7 @@ def run_rules(
     """
     ctx = ctx or RuleContext()
     found = [f for rule in (rules or DEFAULT_RULES) for f in rule(requests, ctx)]
-    rank = {"high": 0, "medium": 1, "low": 2}
-    found.sort(key=lambda f: (rank.get(f.severity, 3), -f.impact_ms))
+    found.sort(key=finding_order)
     return found
 
 
