@@ -10,7 +10,7 @@ import pytest
 from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
 from tests.helpers import HOTROD
 from tracekit import semconv
-from tracekit.analysis._intervals import percentile
+from tracekit._summary import percentile
 from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP, measure_serializer
 from tracekit.analysis.findings import (
     Finding,

@@ -32,7 +32,8 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
-from tracekit.analysis._intervals import Interval, merge, percentile
+from tracekit._summary import percentile
+from tracekit.analysis._intervals import Interval, merge
 from tracekit.analysis.model import RequestRecord
 
 _MS = 1e6

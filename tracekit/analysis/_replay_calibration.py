@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any
 
+from tracekit._summary import percentile
+
 #: json / orjson time on the chat.completion payload (measured 2026-12-02 on the 2-core dev
 #: machine, Python 3.11.7, orjson 3.13.0, six runs: json 12.5-13.4 us, orjson 0.58-0.69 us,
 #: 18.5-22.9x).
@@ -228,7 +230,7 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = parallelism
-    return {key: sorted(values)[len(values) // 2] for key, values in out.items()}
+    return {key: percentile(values, 0.5) for key, values in out.items()}
 
 
 def main(argv: list[str]) -> int:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.analysis._intervals import percentile
+from tracekit._summary import percentile
 from tracekit.analysis._model_calls import model_calls
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall, not_applied_note

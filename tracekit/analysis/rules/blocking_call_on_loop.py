@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracekit.analysis._intervals import percentile
+from tracekit._summary import percentile
 from tracekit.analysis.findings import Finding, Fix, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import _fixes

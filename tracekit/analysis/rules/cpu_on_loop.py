@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tracekit import semconv
-from tracekit.analysis._intervals import percentile
+from tracekit._summary import percentile
 from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP
 from tracekit.analysis.findings import Finding, Fix, RuleContext
 from tracekit.analysis.model import RequestRecord

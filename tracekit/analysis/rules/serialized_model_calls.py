@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracekit.analysis._intervals import function_of, percentile
+from tracekit._summary import percentile
+from tracekit.analysis._intervals import function_of
 from tracekit.analysis._model_calls import CallTiming, model_calls
 from tracekit.analysis._replay_nodes import is_model_stage
 from tracekit.analysis.findings import Finding, Fix, RuleContext

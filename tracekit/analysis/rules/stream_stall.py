@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tracekit import semconv
-from tracekit.analysis._intervals import StageTree, function_of, percentile
+from tracekit._summary import percentile
+from tracekit.analysis._intervals import StageTree, function_of
 from tracekit.analysis.findings import Finding, Fix, RuleContext
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.rules import _fixes
