@@ -19,6 +19,7 @@ from tracekit.analysis.findings import (
     severity_for,
 )
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import ReplayConfig, Replayer
 from tracekit.analysis.rules import DEFAULT_RULES, run_rules
 from tracekit.errors import ConfigurationError
 
@@ -28,7 +29,8 @@ KINDS = {"model": "model", "guardrail": "guardrail"}
 
 
 def _ctx(**kw: object) -> RuleContext:
-    return RuleContext(thread_pool_size=16, cores=4, **kw)  # type: ignore[arg-type]
+    replayer = Replayer(ReplayConfig(thread_pool_size=16, cores=4))
+    return RuleContext(project=replayer.project, **kw)  # type: ignore[arg-type]
 
 
 def _jobs(

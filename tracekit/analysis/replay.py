@@ -35,15 +35,38 @@ from typing import Any
 from tracekit._summary import percentile
 from tracekit.analysis._model_calls import model_calls
 from tracekit.analysis._replay_build import ProgramBuilder
-from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall, not_applied_note
+from tracekit.analysis._replay_fixes import (
+    FIX_ACTIONS,
+    PROCESSES,
+    THREADS,
+    Fix,
+    ModelCall,
+    not_applied_note,
+)
 from tracekit.analysis._replay_memo import ProgramMemo
 from tracekit.analysis._replay_run import Loops, Run, errors, figures, multi_loop_reason, simulate
 from tracekit.analysis._replay_sim import Node
-from tracekit.analysis.findings import Fix, default_thread_pool_size
 from tracekit.analysis.model import RequestRecord
 from tracekit.errors import ConfigurationError
 
+__all__ = [
+    "FIX_ACTIONS",
+    "Fix",
+    "ReplayConfig",
+    "Replayer",
+    "Validation",
+    "default_thread_pool_size",
+    "project",
+    "validate",
+    "window",
+]
+
 _MS = 1e6
+
+
+def default_thread_pool_size() -> int:
+    """asyncio's default executor size: ``min(32, os.cpu_count() + 4)``."""
+    return min(32, (os.cpu_count() or 1) + 4)
 
 
 @dataclass(frozen=True)

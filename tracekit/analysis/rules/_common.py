@@ -8,8 +8,9 @@ from collections.abc import Iterator, Sequence
 
 from tracekit._summary import percentile
 from tracekit.analysis._intervals import function_of
-from tracekit.analysis.findings import Finding, Fix, RuleContext, severity_for
+from tracekit.analysis.findings import Finding, RuleContext, severity_for
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules._loop_index import OWN, LoopIndex, Usage, loop_usage
 
 __all__ = [

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tracekit._summary import percentile
-from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,

@@ -18,8 +18,9 @@ from dataclasses import replace
 from tracekit import semconv
 from tracekit._summary import percentile
 from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP
-from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
