@@ -11,7 +11,7 @@ from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
 from tests.helpers import HOTROD
 from tracekit import semconv
 from tracekit._summary import percentile
-from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP, measure_serializer
+from tracekit.analysis._replay_calibration import measure_serializer
 from tracekit.analysis.findings import (
     Finding,
     RuleContext,
@@ -21,6 +21,7 @@ from tracekit.analysis.findings import (
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import ReplayConfig, Replayer
 from tracekit.analysis.rules import DEFAULT_RULES, run_rules
+from tracekit.analysis.rules._fixes import ORJSON_SPEEDUP
 from tracekit.errors import ConfigurationError
 
 CHAT = "POST /v1/chat/completions"

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 
 from tracekit._summary import percentile
 from tracekit.analysis._intervals import function_of
-from tracekit.analysis._model_calls import CallTiming, model_calls
-from tracekit.analysis._replay_nodes import is_model_stage
+from tracekit.analysis._model_calls import CallTiming, is_model_stage, model_calls
 from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
