@@ -20,9 +20,8 @@ few requests, an uninstrumented route, or a failed validation (with its errors).
 returns figures from a replay that did not reproduce the trace.
 
 Both replay a *window* of the sample (:func:`window`): its earliest 5,000 instrumented
-requests, more when a rare route needs them. Validation errors and projections measured
-stable down to 2,000 requests (``docs/analyzer-rules.md``, "Replay window"); the window
-keeps the cost of the replays fixed whatever the sample size.
+requests, more when a rare route needs them, which keeps the cost of the replays fixed
+whatever the sample size (why 5,000 is enough: ``docs/analyzer-rules.md``, "Replay window").
 """
 
 from __future__ import annotations
@@ -90,8 +89,8 @@ class ReplayConfig:
             the request chained to it (``tracekit.analysis._replay_arrivals``).
         closed_loop_fraction: see ``arrivals``.
         max_requests: the earliest this many instrumented requests are replayed (a window of
-            intact concurrency; validation errors and projections measured stable from
-            2,000 requests up, ``docs/analyzer-rules.md``), or more, see ``route_requests``.
+            intact concurrency, ``docs/analyzer-rules.md``, "Replay window"), or more, see
+            ``route_requests``.
         route_requests: the window extends past ``max_requests`` until every route with at
             least ``min_requests`` in the sample has this many requests in it (or all it
             has), so that a rare route is still validated on a usable sample.
@@ -165,9 +164,8 @@ class Replayer:
     building the programs. Per sample, once: sorting and grouping its window, its arrivals,
     the as-recorded programs (their parts are kept in a :class:`ProgramMemo` per request, so
     a fix rebuilds only what it changes) and the as-recorded replay. Memory: about twice the
-    programs of the window (34 MB held after a validation and two projections of 5,000
-    requests of ``bench/gen_traces.py --rate 60``, 5 stages; a program has a loop step per
-    recorded loop wait, see ``_replay_build``).
+    programs of the window (a program has a loop step per recorded loop wait, see
+    ``_replay_build``; figures in ``docs/analyzer-rules.md``).
     """
 
     def __init__(self, config: ReplayConfig | None = None) -> None:
