@@ -13,10 +13,13 @@ from tracekit import semconv
 from tracekit._summary import percentile
 from tracekit.analysis._replay_calibration import measure_serializer
 from tracekit.analysis.findings import (
+    SEVERITIES,
     Finding,
     RuleContext,
     severity_at_least,
     severity_for,
+    severity_rank,
+    worst_severity,
 )
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import ReplayConfig, Replayer
@@ -435,6 +438,11 @@ def test_severity_thresholds() -> None:
     assert not severity_at_least("low", "medium")
     with pytest.raises(ConfigurationError):
         severity_at_least("urgent", "low")
+    # One order for everyone: the report, --fail-on, the renderers.
+    assert SEVERITIES == ("high", "medium", "low")
+    assert worst_severity(["low", "urgent", ["high"], "medium"]) == "medium"
+    assert worst_severity(["urgent"]) is None and worst_severity([]) is None
+    assert sorted(["low", None, "high", "medium"], key=severity_rank) == ["high", "medium", "low", None]
 
 
 def test_orjson_speedup_constant_matches_a_quick_measurement() -> None:

@@ -404,7 +404,7 @@ def validate(requests: Sequence[RequestRecord], config: ReplayConfig | None = No
     Returns:
         The :class:`Validation`.
     """
-    return (Replayer(config) if config is not None else Replayer()).validate(requests)
+    return Replayer(config).validate(requests)
 
 
 def project(
@@ -420,4 +420,4 @@ def project(
     Returns:
         ``(projection, None)`` or ``(None, note)``.
     """
-    return (Replayer(config) if config is not None else Replayer()).project(requests, fix)
+    return Replayer(config).project(requests, fix)
