@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn, TextIO
 from urllib.parse import urlsplit
 
+from tracekit.analysis.findings import SEVERITIES, severity_at_least
 from tracekit.errors import ConfigurationError, TracekitError
 from tracekit.render.text import escape_controls
 
@@ -38,7 +39,6 @@ EXIT_ERROR = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
-SEVERITIES = ("high", "medium", "low")
 _MAX_ERROR_CHARS = 500
 
 
@@ -275,7 +275,7 @@ def _write_stdout(text: str, stream: TextIO | None = None) -> None:
 
 
 def _reaches(worst: str | None, threshold: str) -> bool:
-    return worst is not None and SEVERITIES.index(worst) <= SEVERITIES.index(threshold)
+    return worst is not None and severity_at_least(worst, threshold)
 
 
 def write_output(path: str, text: str) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit import semconv
+from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord, StageRecord
 
 BASE_NS = 1_700_000_000_000_000_000
@@ -395,8 +396,8 @@ def _record(st: _State) -> RequestRecord:
         extra["ttft_ms"] = st.chunks[0] - start_ms
         extra["chunks"] = len(st.chunks)
         if gaps:
-            extra["itl_p50_ms"] = _pct(gaps, 0.5)
-            extra["itl_p95_ms"] = _pct(gaps, 0.95)
+            extra["itl_p50_ms"] = percentile(gaps, 0.5)
+            extra["itl_p95_ms"] = percentile(gaps, 0.95)
             extra["itl_max_ms"] = max(gaps)
             extra["tpot_ms"] = (st.chunks[-1] - st.chunks[0]) / (len(st.chunks) - 1)
     return request(
@@ -422,11 +423,3 @@ def _runs(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             out.append((a, b))
     return out
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)

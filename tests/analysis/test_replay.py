@@ -12,8 +12,7 @@ from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway
 from tracekit.analysis._replay_arrivals import arrivals
 from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
-from tracekit.analysis.findings import Fix
-from tracekit.analysis.replay import ReplayConfig, Replayer, Validation, project, validate, window
+from tracekit.analysis.replay import Fix, ReplayConfig, Replayer, Validation, project, validate, window
 from tracekit.errors import ConfigurationError
 
 ROUTE = "POST /v1/chat/completions"

@@ -12,8 +12,8 @@ from tracekit.analysis._replay_build import ProgramBuilder
 from tracekit.analysis._replay_fixes import ModelCall
 from tracekit.analysis._replay_memo import ProgramMemo
 from tracekit.analysis._replay_sim import DELAY, LOOP
-from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 
 ROUTE = "POST /v1/chat/completions"
 KINDS = {"model": "model", "guardrail": "guardrail", "tokenize": "tokenize"}

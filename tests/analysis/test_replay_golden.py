@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from tests.analysis.factories import Job, Op, simulate_gateway
-from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord
-from tracekit.analysis.replay import ReplayConfig, Replayer
+from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
 
 CHAT = "POST /v1/chat/completions"
 EMBED = "POST /v1/embeddings"

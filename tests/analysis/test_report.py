@@ -10,6 +10,7 @@ import pytest
 
 from tests.analysis.factories import request, stage
 from tests.helpers import REAL, gen_traces, needs_real
+from tracekit.analysis._records import route_matches
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.api import analyze, analyze_spans
 from tracekit.analysis.report import SCHEMA, TIMELINE_REQUESTS, Report, build_report, waterfall
@@ -176,6 +177,13 @@ def test_analyze_route_filter_by_name_or_path(gateway_file: Path) -> None:
     assert by_path.requests > 0
     with pytest.raises(ConfigurationError, match=r"no request has route '/nope'.*POST /v1/chat"):
         analyze(gateway_file, route="/nope")
+
+
+def test_route_matches_the_full_name_or_the_path_alone() -> None:
+    # The one rule both the single pass and the parallel reader's workers filter by.
+    assert route_matches("POST /v1/chat", "POST /v1/chat") and route_matches("POST /v1/chat", "/v1/chat")
+    assert not route_matches("POST /v1/chat", "GET /v1/chat") and not route_matches("POST /v1/chat", "/v1")
+    assert route_matches("healthcheck", "healthcheck") and not route_matches("POST /v1/chat", "POST")
 
 
 def test_waterfall_depths_follow_the_span_tree() -> None:

@@ -10,16 +10,21 @@ import pytest
 from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
 from tests.helpers import HOTROD
 from tracekit import semconv
-from tracekit.analysis._intervals import percentile
-from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP, measure_serializer
+from tracekit._percentile import percentile
+from tracekit.analysis._replay_calibration import measure_serializer
 from tracekit.analysis.findings import (
+    SEVERITIES,
     Finding,
     RuleContext,
     severity_at_least,
     severity_for,
+    severity_rank,
+    worst_severity,
 )
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import ReplayConfig, Replayer
 from tracekit.analysis.rules import DEFAULT_RULES, run_rules
+from tracekit.analysis.rules._fixes import ORJSON_SPEEDUP
 from tracekit.errors import ConfigurationError
 
 CHAT = "POST /v1/chat/completions"
@@ -28,7 +33,8 @@ KINDS = {"model": "model", "guardrail": "guardrail"}
 
 
 def _ctx(**kw: object) -> RuleContext:
-    return RuleContext(thread_pool_size=16, cores=4, **kw)  # type: ignore[arg-type]
+    replayer = Replayer(ReplayConfig(thread_pool_size=16, cores=4))
+    return RuleContext(project=replayer.project, **kw)  # type: ignore[arg-type]
 
 
 def _jobs(
@@ -432,6 +438,11 @@ def test_severity_thresholds() -> None:
     assert not severity_at_least("low", "medium")
     with pytest.raises(ConfigurationError):
         severity_at_least("urgent", "low")
+    # One order for everyone: the report, --fail-on, the renderers.
+    assert SEVERITIES == ("high", "medium", "low")
+    assert worst_severity(["low", "urgent", ["high"], "medium"]) == "medium"
+    assert worst_severity(["urgent"]) is None and worst_severity([]) is None
+    assert sorted(["low", None, "high", "medium"], key=severity_rank) == ["high", "medium", "low", None]
 
 
 def test_orjson_speedup_constant_matches_a_quick_measurement() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.analysis.factories import request
-from tracekit.analysis.slo import SLO, parse_slo, request_tpot_ms
+from tracekit.analysis.slo import SLO, parse_slo, request_itl_ms, request_tpot_ms
 from tracekit.errors import ConfigurationError
 
 
@@ -72,6 +72,12 @@ def test_request_tpot() -> None:
     assert request_tpot_ms(request("r", 0, 100, chunks=5, ttft_ms=40.0)) == 15.0
     assert request_tpot_ms(request("r", 0, 100, chunks=1, ttft_ms=40.0)) is None
     assert request_tpot_ms(request("r", 0, 100, chunks=3)) is None
+
+
+def test_request_itl_is_the_p95_gap_else_the_longest() -> None:
+    assert request_itl_ms(request("r", 0, 100, chunks=5, itl_p95_ms=21.0, itl_max_ms=80.0)) == 21.0
+    assert request_itl_ms(request("r", 0, 100, chunks=5, itl_max_ms=80.0)) == 80.0
+    assert request_itl_ms(request("r", 0, 100, chunks=5)) is None
 
 
 def test_to_dict_names_every_target_in_ms() -> None:

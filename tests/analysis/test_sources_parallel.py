@@ -19,6 +19,7 @@ from tests.helpers import gen_traces
 from tracekit import semconv
 from tracekit.analysis import _parallel, api
 from tracekit.analysis._parallel import Settings, analyze_plan, plan_file, worker_count
+from tracekit.analysis._records import route_matches
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.assemble import assemble
 from tracekit.analysis.slo import parse_slo
@@ -34,7 +35,7 @@ def one_pass(path: Path, settings: Settings) -> tuple[Aggregator, dict[str, Any]
     matched: dict[str, None] = {}
     for req in assemble(counter.count(stream), max_open_traces=settings.max_open_traces,
                         flush_after=settings.flush_after):  # fmt: skip
-        if settings.route is None or api._matches(req.route, settings.route):
+        if settings.route is None or route_matches(req.route, settings.route):
             matched[req.route] = None
             agg.add(req)
         else:

@@ -116,7 +116,8 @@ def test_streaming_metrics_exact() -> None:
         (server,) = rec.spans
     a = server.attributes
     assert (a[sc.TTFB_MS], a[sc.TTFT_MS], a[sc.CHUNKS]) == (7, 12, 4)
-    assert (a[sc.ITL_P50_MS], a[sc.ITL_P95_MS], a[sc.ITL_MAX_MS]) == (20, 30, 30)
+    # gaps 10, 20, 30 ms; percentiles interpolate between the closest ranks (p95: 20 + 0.9 * 10)
+    assert (a[sc.ITL_P50_MS], a[sc.ITL_P95_MS], a[sc.ITL_MAX_MS]) == pytest.approx((20, 29, 30))
     assert a[sc.TPOT_MS] == 20  # (last - first) / (chunks - 1) = 60 / 3
     assert a[sc.WALL_MS] == 73  # ends when the last (empty) body message left
 
@@ -191,7 +192,7 @@ def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:
     a = server.attributes
     assert a[sc.CHUNKS] == n
     assert a[sc.ITL_MAX_MS] == 50  # the exact maximum, even if the sample missed it
-    assert a[sc.ITL_P50_MS] in (1, 3) and a[sc.ITL_P95_MS] == 3
+    assert 1 <= a[sc.ITL_P50_MS] <= 3 and a[sc.ITL_P95_MS] == 3
 
 
 class _CountingClock:

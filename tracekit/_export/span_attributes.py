@@ -15,6 +15,7 @@ from urllib.parse import unquote
 from tracekit import semconv
 from tracekit._core.ledger import MS, Ledger, cpu_of, split
 from tracekit._core.request_record import Request
+from tracekit._percentile import percentile
 from tracekit.semconv import (
     BLOCKED_AT,
     CHILDREN_MS,
@@ -107,12 +108,6 @@ def _query_key(key: str) -> str:
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, then ``…`` where it was cut."""
     return text if len(text) <= limit else text[:limit] + "…"
-
-
-def percentile(sorted_values: list[int], q: float) -> int:
-    """Nearest-rank percentile of an ascending list (q in [0, 1])."""
-    index = max(0, min(len(sorted_values) - 1, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[index]
 
 
 def end_of(request: Request) -> int:

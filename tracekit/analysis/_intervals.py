@@ -269,25 +269,11 @@ _FIRST = itemgetter(0)
 
 def function_of(stage: StageRecord | None) -> str | None:
     """``code.namespace + "." + code.function`` of a stage, or whichever of them is known."""
-    if stage is None:
-        return None
-    if stage.code_namespace and stage.code_function:
-        return f"{stage.code_namespace}.{stage.code_function}"
-    return stage.code_function or stage.code_namespace
+    return None if stage is None else qualified_name(stage.code_function, stage.code_namespace)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-quantile by linear interpolation between closest ranks (numpy's default).
-
-    Args:
-        values: at least one number (need not be sorted).
-        q: between 0 and 1.
-
-    Returns:
-        The percentile.
-    """
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def qualified_name(function: str | None, namespace: str | None) -> str | None:
+    """``namespace.function``, or whichever of the two is known (``None``: neither)."""
+    if function and namespace:
+        return f"{namespace}.{function}"
+    return function or namespace

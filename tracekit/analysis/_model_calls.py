@@ -18,8 +18,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tracekit.analysis._intervals import StageTree
+from tracekit import semconv
+from tracekit.analysis._intervals import StageTree, has_components
 from tracekit.analysis.model import RequestRecord, StageRecord
+
+
+def is_model_stage(stage: StageRecord) -> bool:
+    """A model call: a ``model`` stage, or a plain span with GenAI attributes."""
+    if stage.kind == semconv.KIND_MODEL:
+        return True
+    return not has_components(stage) and semconv.GEN_AI_OPERATION_NAME in stage.attributes
 
 
 @dataclass(slots=True)

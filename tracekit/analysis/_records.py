@@ -309,6 +309,17 @@ def route_of(span: Span) -> str:
     return span.name if span.name.endswith(route) else route
 
 
+def route_matches(route: str, wanted: str) -> bool:
+    """Whether a request's route (as :func:`route_of` names it) is the one ``wanted``.
+
+    Args:
+        route: the request's route, ``"METHOD /path"`` or a bare name.
+        wanted: the route filter (``analyze(route=...)``, ``--route``): the full name
+            (``"POST /v1/chat"``) or the path alone (``"/v1/chat"``, any method).
+    """
+    return route == wanted or route.partition(" ")[2] == wanted
+
+
 def decode_pairs(value: Any, base_ns: int) -> list[tuple[int, int]]:
     """Decode a ``[offset_us, duration_us, ...]`` array into absolute ``(start_ns, end_ns)``.
 

@@ -32,11 +32,12 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
-from tracekit.analysis._intervals import Interval, merge, percentile
+from tracekit._core.event_loop import GAP_NS  # busy slices closer than this form one busy run
+from tracekit._percentile import percentile
+from tracekit.analysis._intervals import Interval, merge
 from tracekit.analysis.model import RequestRecord
 
 _MS = 1e6
-_RUN_GAP_NS = 1_000_000  # busy slices closer than this form one busy run (as in tracekit._core.event_loop)
 
 
 class BusyIndex:
@@ -65,7 +66,7 @@ class BusyIndex:
         self._cum = [0]
         for a, b in self.busy:
             self._cum.append(self._cum[-1] + (b - a))
-        self.runs = _join(merge(slices), _RUN_GAP_NS)
+        self.runs = _join(merge(slices), GAP_NS)
         self._run_starts = [a for a, _ in self.runs]
 
     def covered(self, start: int, end: int) -> int:
@@ -85,7 +86,7 @@ class BusyIndex:
         if i < 0:
             return 0
         a, b = self.runs[i]
-        return t - a if b >= t - _RUN_GAP_NS else 0
+        return t - a if b >= t - GAP_NS else 0
 
 
 @dataclass(frozen=True)

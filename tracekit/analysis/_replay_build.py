@@ -38,6 +38,7 @@ from tracekit.analysis._intervals import Interval, StageTree, has_components, me
 from tracekit.analysis._replay_fixes import (
     THREADS,
     Blocks,
+    Fix,
     ModelCall,
     loop_node,
     restructure,
@@ -61,7 +62,6 @@ from tracekit.analysis._replay_nodes import (
     shrink_largest_delay,
 )
 from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, PAR, Node
-from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import RequestRecord, StageRecord
 
 

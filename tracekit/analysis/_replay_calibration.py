@@ -1,19 +1,19 @@
-"""Measured constants the fixes and projections use, and the code that measures them.
+"""Measures the constants the rules' fixes use (:mod:`tracekit.analysis.rules._fixes`).
 
-Reproduce (numbers in ``docs/analyzer-rules.md``)::
+Reproduce (the figures and how they were taken are in ``docs/analyzer-rules.md``, "Measured
+constants")::
 
     python -m tracekit.analysis._replay_calibration            # both measurements
     python -m tracekit.analysis._replay_calibration tokenizers
 
-- :data:`ORJSON_SPEEDUP`: ``json.dumps(payload).encode()`` time / ``orjson.dumps(payload)``
-  time on :func:`chat_completion_payload`, an OpenAI-style ``chat.completion`` response of
-  ~2.6 kB (a 400-word answer with non-ASCII text, usage, ids). The ``serialize`` fix's
-  projection divides the stage's CPU by it: this assumes the stage's CPU is JSON encoding.
-- :data:`TOKENIZERS_GIL`: the speed a pure-Python thread keeps (vs. running alone) while
-  another thread tokenizes with HF ``tokenizers``: with ``Tokenizer.encode`` it keeps little
-  (encode holds the GIL), with ``encode_batch`` nearly all of it (encode_batch releases the
-  GIL). Measured with ``TOKENIZERS_PARALLELISM=false`` so that the batch encoder's own threads
-  do not compete for this 2-core machine's CPUs: the figure isolates the GIL.
+- ``ORJSON_SPEEDUP``: ``json.dumps(payload).encode()`` time / ``orjson.dumps(payload)`` time
+  on :func:`chat_completion_payload`, an OpenAI-style ``chat.completion`` response of
+  ~2.6 kB (a 400-word answer with non-ASCII text, usage, ids).
+- ``TOKENIZERS_GIL``: the speed a pure-Python thread keeps (vs. running alone) while another
+  thread tokenizes with HF ``tokenizers``: little beside ``Tokenizer.encode`` (it holds the
+  GIL), nearly all beside ``encode_batch`` (it releases it). Measured with
+  ``TOKENIZERS_PARALLELISM=false`` so that the batch encoder's own threads do not compete for
+  the CPUs: the figure isolates the GIL.
 """
 
 from __future__ import annotations
@@ -26,16 +26,8 @@ import threading
 import time
 from typing import Any
 
-#: json / orjson time on the chat.completion payload (measured 2026-12-02 on the 2-core dev
-#: machine, Python 3.11.7, orjson 3.13.0, six runs: json 12.5-13.4 us, orjson 0.58-0.69 us,
-#: 18.5-22.9x).
-ORJSON_SPEEDUP = 20.0
-#: Rate of a pure-Python thread during one tokenizer call in another thread, over its rate
-#: during a sleep of the same length (measured 2026-12-02, tokenizers 0.23.3, a 100,000-word
-#: document, TOKENIZERS_PARALLELISM=false for the call, 2-core machine shared with other jobs;
-#: five runs: encode 0.03-0.08, encode_batch 0.61-0.80; with both CPUs also taken by two busy
-#: processes, six runs: encode 0.05-0.10, encode_batch 0.70-0.89).
-TOKENIZERS_GIL = {"encode": 0.06, "encode_batch": 0.7}
+from tracekit._percentile import percentile
+from tracekit.analysis.rules._fixes import ORJSON_SPEEDUP, TOKENIZERS_GIL
 
 # Mostly ASCII, like an English answer, with a few non-ASCII words (json escapes them).
 _WORDS = (
@@ -165,15 +157,13 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
 
     Trains a small BPE tokenizer in memory (no download); a background thread counts in a
     pure-Python loop; the main thread reads the count before and after one call of
-    ``encode(text)`` / ``encode_batch([text])`` on a 100,000-word document (~0.1 s a call
-    here). A call that holds the GIL leaves the counter (almost) still; one that releases it
-    lets it run at its solo rate. Other load on the machine slows both cases alike, so the
-    contrast survives it. The call is long so that the counter's turns with the GIL right
-    before and after it (up to one switch interval, 5 ms, each) stay a small part of the
-    reading: with a 20,000-word document they made ``encode`` read up to 0.34 under load.
-    The batch encoder runs with ``TOKENIZERS_PARALLELISM=false`` (for one text it has nothing
-    to spread, but its idle pool threads would compete for the CPUs): the figure isolates
-    the GIL.
+    ``encode(text)`` / ``encode_batch([text])`` on a 100,000-word document. A call that holds
+    the GIL leaves the counter (almost) still; one that releases it lets it run at its solo
+    rate. Other load on the machine slows both cases alike, so the contrast survives it. The
+    document is long so that the counter's turns with the GIL right before and after the call
+    (up to one switch interval, 5 ms, each) stay a small part of the reading. The batch
+    encoder runs with ``TOKENIZERS_PARALLELISM=false`` (for one text it has nothing to
+    spread, but its idle pool threads would compete for the CPUs): the figure isolates the GIL.
 
     Returns:
         ``{"encode": fraction, "encode_batch": fraction}``: the counter's rate during the
@@ -228,7 +218,7 @@ def measure_tokenizers_gil(repeat: int = 5) -> dict[str, float]:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = parallelism
-    return {key: sorted(values)[len(values) // 2] for key, values in out.items()}
+    return {key: percentile(values, 0.5) for key, values in out.items()}
 
 
 def main(argv: list[str]) -> int:

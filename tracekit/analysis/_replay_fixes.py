@@ -1,6 +1,8 @@
-"""How a :class:`~tracekit.analysis.findings.Fix` changes a request's replay program.
+"""The replay's fix vocabulary: :class:`Fix`, and how a fix changes a request's replay program.
 
-Used by :mod:`tracekit.analysis._replay_build` while it builds a program:
+A rule proposes a code change and models it as a :class:`Fix` (``tracekit.analysis.replay``
+re-exports it); the replay applies it to the recorded requests. The functions below are used
+by :mod:`tracekit.analysis._replay_build` while it builds a program:
 
 - ``thread`` / ``process`` / ``shrink``: the targeted stage's loop steps (:func:`loop_node`)
   move to the thread pool or the process pool, or shrink;
@@ -19,14 +21,77 @@ from dataclasses import dataclass
 
 from tracekit.analysis._replay_nodes import merge_loops, trim_delays_before
 from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Node
-from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import StageRecord
+from tracekit.errors import ConfigurationError
 
+#: What a :class:`Fix` can do to the recorded requests (see ``docs/analyzer-rules.md``).
+FIX_ACTIONS = ("thread", "process", "shrink", "gather", "fanout", "model_overlap")
+#: The HOLD resources of the thread pool and the process pool.
 THREADS = "threads"
 PROCESSES = "processes"
 
 #: A node's blocks: (the child stage whose program it is, or None; the nodes).
 Blocks = list[tuple[StageRecord | None, list[Node]]]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A transformation of the recorded requests that models a proposed code change.
+
+    Attributes:
+        action: one of :data:`FIX_ACTIONS`:
+
+            - ``thread``: the stage's event-loop slices run on the thread pool instead
+              (``asyncio.to_thread``); their CPU holds the GIL unless ``gil_free``.
+            - ``process``: the slices run in a process pool (no GIL, ``cores`` in parallel).
+            - ``shrink``: the slices' CPU is multiplied by ``factor`` (a faster library).
+            - ``gather``: the stage and the later sibling stage ``other`` start together
+              (speculative start); what ran between them runs before ``other`` as before.
+            - ``fanout``: the stage's repeated sequential calls (same name, same parent)
+              start together.
+            - ``model_overlap``: calls of the model stage no longer wait for each other:
+              the recorded one-at-a-time server (or lock) gets ``capacity`` slots.
+        route: the route whose requests change (the event loop is shared by all routes).
+        stage: the stage name; ``None`` means the request's own code outside any stage.
+        gil_free: ``thread`` only: the moved work releases the GIL.
+        factor: ``shrink`` only: the new CPU as a fraction of the recorded one.
+        other: ``gather`` only: the stage started together with ``stage``.
+        capacity: ``model_overlap`` only: concurrent calls after the fix (``None``: no limit).
+        queue: ``model_overlap`` only: where the recorded waiting sits: ``"inside"`` the model
+            stage (a one-at-a-time model server) or ``"outside"`` it (a lock or a blocking
+            client in the gateway, before the stage starts).
+        report_route: the route whose before/after figures the projection reports
+            (default ``route``): fixing one route's stage can be what helps another.
+    """
+
+    action: str
+    route: str
+    stage: str | None
+    gil_free: bool = False
+    factor: float = 1.0
+    other: str | None = None
+    capacity: int | None = None
+    queue: str = "inside"
+    report_route: str | None = None
+
+    @property
+    def measured_route(self) -> str:
+        """The route the projection's figures are for."""
+        return self.report_route or self.route
+
+    def __post_init__(self) -> None:
+        if self.action not in FIX_ACTIONS:
+            raise ConfigurationError(
+                f"unknown fix action {self.action!r}; expected one of {', '.join(FIX_ACTIONS)}"
+            )
+        if not 0.0 <= self.factor <= 1.0:
+            raise ConfigurationError(f"fix factor must be within [0, 1], not {self.factor}")
+        if self.action == "gather" and not self.other:
+            raise ConfigurationError("a gather fix needs the other stage's name")
+        if self.capacity is not None and self.capacity < 1:
+            raise ConfigurationError(f"model capacity must be >= 1, not {self.capacity}")
+        if self.queue not in ("inside", "outside"):
+            raise ConfigurationError(f"queue must be 'inside' or 'outside', not {self.queue!r}")
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from tracekit.analysis._intervals import StageTree
-from tracekit.analysis._replay_fixes import ModelCall, targets
+from tracekit.analysis._replay_fixes import Fix, ModelCall, targets
 from tracekit.analysis._replay_sim import Node
-from tracekit.analysis.findings import Fix
 from tracekit.analysis.model import StageRecord
 
 ROOT = 0  # the memo key of the request's own node (stages are keyed by id(), never 0)

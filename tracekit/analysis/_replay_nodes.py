@@ -12,7 +12,7 @@ from bisect import bisect_left
 from operator import itemgetter
 
 from tracekit import semconv
-from tracekit.analysis._intervals import Interval, has_components, overlap
+from tracekit.analysis._intervals import Interval, overlap
 from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, Node
 from tracekit.analysis.model import StageRecord
 
@@ -24,13 +24,6 @@ _END = itemgetter(1)
 
 #: (start, end, member stages) of a run of overlapping child stages.
 Cluster = tuple[int, int, list[StageRecord]]
-
-
-def is_model_stage(stage: StageRecord) -> bool:
-    """A model call: a ``model`` stage, or a plain span with GenAI attributes."""
-    if stage.kind == semconv.KIND_MODEL:
-        return True
-    return not has_components(stage) and semconv.GEN_AI_OPERATION_NAME in stage.attributes
 
 
 def consumer_ms(stage: StageRecord) -> float:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tracekit.analysis._intervals import percentile
+from tracekit._percentile import percentile
 from tracekit.analysis._replay_arrivals import Arrivals, arrivals
 from tracekit.analysis._replay_fixes import PROCESSES, THREADS
 from tracekit.analysis._replay_sim import Node, Simulation

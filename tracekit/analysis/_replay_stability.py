@@ -42,11 +42,8 @@ def stability(sample: Sequence[RequestRecord], sizes: Sequence[int]) -> list[dic
 
     out: list[dict[str, Any]] = []
     for size in sizes:
-        ctx = RuleContext()
-        config = ReplayConfig(thread_pool_size=ctx.thread_pool_size, cores=ctx.cores,
-                              max_requests=size, max_window=size)  # fmt: skip
-        replayer = Replayer(config)
-        ctx.project = replayer.project
+        replayer = Replayer(ReplayConfig(max_requests=size, max_window=size))
+        ctx = RuleContext(project=replayer.project)
         validation = replayer.validate(sample).to_dict()
         found = [f for rule in DEFAULT_RULES for f in rule(sample, ctx)]
         findings = [(f.rule, f.route, f.stage, f.projection, f.projection_note) for f in found]

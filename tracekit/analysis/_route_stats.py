@@ -13,9 +13,10 @@ from operator import attrgetter
 from typing import Any
 
 from tracekit import semconv
+from tracekit.analysis._intervals import qualified_name
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.quantiles import Quantiles
-from tracekit.analysis.slo import SLO
+from tracekit.analysis.slo import SLO, request_itl_ms, request_tpot_ms
 
 OTHER_ROUTES = "(other routes)"
 OTHER_STAGES = "(other stages)"
@@ -37,21 +38,30 @@ def breakdown(req: RequestRecord) -> tuple[float, float, float, float, float] | 
     """
     if not req.instrumented:
         return None
+    return _breakdown(req, [_STAGE_ROW(stage) for stage in req.stages])
+
+
+def _breakdown(
+    req: RequestRecord, rows: list[tuple[Any, ...]]
+) -> tuple[float, float, float, float, float]:
+    # rows: _STAGE_ROW of each of req.stages, in order (RouteStats.add has them already).
     on = off = stage_cpu = model = io = loop = 0.0
-    for stage in req.stages:
-        if stage.cpu_ms is not None:
-            stage_cpu += stage.cpu_ms
-            if stage.on_loop is False:
-                off += stage.cpu_ms
+    for stage, row in zip(req.stages, rows, strict=True):
+        cpu = row[1]
+        if cpu is not None:
+            stage_cpu += cpu
+            if row[4] is False:
+                off += cpu
             else:
-                on += stage.cpu_ms
-        if stage.wait_ms is not None:
+                on += cpu
+        wait = row[2]
+        if wait is not None:
             if stage.kind == semconv.KIND_MODEL:
-                model += stage.wait_ms
+                model += wait
             else:
-                io += stage.wait_ms
-        if stage.loop_wait_ms is not None:
-            loop += stage.loop_wait_ms
+                io += wait
+        if row[3] is not None:
+            loop += row[3]
     if req.cpu_ms is not None:
         on += max(0.0, req.cpu_ms - stage_cpu)
     return (
@@ -61,13 +71,6 @@ def breakdown(req: RequestRecord) -> tuple[float, float, float, float, float] | 
         io if req.io_wait_ms is None else req.io_wait_ms,
         loop if req.loop_wait_ms is None else req.loop_wait_ms,
     )
-
-
-def function_of(stage: StageRecord) -> str | None:
-    """``code.namespace.code.function`` of a stage, or whichever part is known."""
-    if stage.code_function and stage.code_namespace:
-        return f"{stage.code_namespace}.{stage.code_function}"
-    return stage.code_function or stage.code_namespace
 
 
 #: Rows (one per stage instance or request) buffered before they are folded in one C pass.
@@ -154,10 +157,7 @@ class StageStats:
                 if where and block is not None:
                     self._located(block, where)
         for fn, ns in set(zip(fns, nss, strict=True)):
-            if fn and ns:
-                self._function(f"{ns}.{fn}")
-            else:
-                self._function(fn or ns)
+            self._function(qualified_name(fn, ns))
 
     def _located(self, block: float, where: str) -> None:
         # The location of the longest located block; the smaller text on a tie.
@@ -235,7 +235,8 @@ class RouteStats:
     good: int = 0
     stages: dict[str, StageStats] = field(default_factory=dict)
     rows: list[tuple[float, int, int]] = field(default_factory=list)
-    streams: list[tuple[Any, ...]] = field(default_factory=list)
+    #: (ttft_ms, itl_ms, tpot_ms) of each streamed request (slo.request_itl_ms, request_tpot_ms).
+    streams: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
 
     def add(self, req: RequestRecord, slo: SLO | None) -> None:
         """Record one request of this route. Cost: O(stages), a few operations each."""
@@ -247,59 +248,25 @@ class RouteStats:
         if req.error:
             self.errors += 1
         stages = self.stages
-        instrumented = req.instrumented
-        # The breakdown() of the request, computed in the same loop (same sums, same order).
-        on = off = stage_cpu = model = io = loop = 0.0
+        own_rows: list[tuple[Any, ...]] = []
         for stage in req.stages:
             stats = stages.get(stage.name) or self._stage(stage)
             row = _STAGE_ROW(stage)
             stats.rows.append(row)
+            own_rows.append(row)
             if start <= stats.first_start:
                 i = req.stages.index(stage)
                 if start < stats.first_start or i < stats.first_index:
                     stats.first_start = start
                     stats.first_index = i
-            if instrumented:
-                cpu = row[1]
-                if cpu is not None:
-                    stage_cpu += cpu
-                    if row[4] is False:
-                        off += cpu
-                    else:
-                        on += cpu
-                wait = row[2]
-                if wait is not None:
-                    if stage.kind == semconv.KIND_MODEL:
-                        model += wait
-                    else:
-                        io += wait
-                if row[3] is not None:
-                    loop += row[3]
-        if instrumented:
-            if req.cpu_ms is not None:
-                on += max(0.0, req.cpu_ms - stage_cpu)
-            if req.model_wait_ms is not None:
-                model = req.model_wait_ms
-            if req.io_wait_ms is not None:
-                io = req.io_wait_ms
-            if req.loop_wait_ms is not None:
-                loop = req.loop_wait_ms
+        if req.instrumented:
             self.instrumented += 1
             sums = self.sums
-            if max(on, off, model, io, loop) < _FIXED_LIMIT:
-                sums[0] += int(on * _FIXED)
-                sums[1] += int(off * _FIXED)
-                sums[2] += int(model * _FIXED)
-                sums[3] += int(io * _FIXED)
-                sums[4] += int(loop * _FIXED)
-            else:
-                for i, value in enumerate((on, off, model, io, loop)):
-                    sums[i] += _fixed(value)
+            for i, value in enumerate(_breakdown(req, own_rows)):
+                sums[i] += _fixed(value)
         chunks = req.chunks
         if chunks is not None and chunks > 1:
-            self.streams.append(
-                (req.ttft_ms, req.itl_p95_ms, req.itl_max_ms, req.tpot_ms, chunks, start, end)
-            )
+            self.streams.append((req.ttft_ms, request_itl_ms(req), request_tpot_ms(req)))
         if slo is not None and slo.meets(req):
             self.good += 1
         if len(rows) >= _BATCH:
@@ -324,25 +291,12 @@ class RouteStats:
             stats.fold()
 
     def _fold_streams(self) -> None:
-        # TTFT, ITL (the request's p95 gap, else its longest) and TPOT of streamed requests;
-        # TPOT as slo.request_tpot_ms computes it.
-        ttfts: list[float] = []
-        itls: list[float] = []
-        tpots: list[float] = []
-        for ttft, itl_p95, itl_max, tpot, chunks, start, end in self.streams:
-            if ttft is not None:
-                ttfts.append(ttft)
-            itl = itl_p95 if itl_p95 is not None else itl_max
-            if itl is not None:
-                itls.append(itl)
-            if tpot is None and ttft is not None:
-                tpot = max(0.0, max(0, end - start) / 1e6 - ttft) / (chunks - 1)
-            if tpot is not None:
-                tpots.append(tpot)
+        # TTFT, ITL and TPOT of streamed requests, each where known.
+        ttfts, itls, tpots = zip(*self.streams, strict=True)
         self.streams = []
-        self.ttft.extend(ttfts)
-        self.itl.extend(itls)
-        self.tpot.extend(tpots)
+        self.ttft.extend(_known(ttfts))
+        self.itl.extend(_known(itls))
+        self.tpot.extend(_known(tpots))
 
     def _stage(self, stage: StageRecord) -> StageStats:
         name = stage.name if len(self.stages) < self.max_stages else OTHER_STAGES

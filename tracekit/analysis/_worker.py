@@ -23,6 +23,7 @@ from tracekit.analysis._otlp_json import otlp_spans
 from tracekit.analysis._otlp_typed import typed_spans
 from tracekit.analysis._packing import pack, unpack
 from tracekit.analysis._parallel import BATCH_SPANS, Partial, Plan, Settings, State
+from tracekit.analysis._records import route_matches
 from tracekit.analysis._source_common import ReadStats
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.assemble import Window
@@ -181,7 +182,7 @@ class _Worker:
 
     def _add(self, req: RequestRecord) -> None:
         route = self.settings.route
-        if route is None or req.route == route or req.route.partition(" ")[2] == route:
+        if route is None or route_matches(req.route, route):
             self.matched[req.route] = None
             self.aggregator.add(req)
         else:

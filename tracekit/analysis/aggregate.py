@@ -38,7 +38,6 @@ from tracekit.analysis._route_stats import (
     RouteStats,
     StageStats,
     breakdown,
-    function_of,
 )
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.slo import SLO
@@ -51,7 +50,6 @@ __all__ = [
     "RouteStats",
     "StageStats",
     "breakdown",
-    "function_of",
     "sample_key",
 ]
 

@@ -11,6 +11,7 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from tracekit.analysis._records import route_matches
 from tracekit.analysis._source_common import ReadStats
 from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.assemble import assemble
@@ -202,7 +203,7 @@ def _pipeline(
     matched: dict[str, None] = {}
     others: dict[str, None] = {}
     for req in assemble(spans):
-        if route is None or _matches(req.route, route):
+        if route is None or route_matches(req.route, route):
             matched[req.route] = None
             agg.add(req)
         else:
@@ -237,7 +238,3 @@ class _SpanCounter:
                 yield span
         finally:
             self.spans += n
-
-
-def _matches(name: str, wanted: str) -> bool:
-    return name == wanted or name.partition(" ")[2] == wanted

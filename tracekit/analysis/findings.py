@@ -2,9 +2,9 @@
 
 A rule (``tracekit.analysis.rules``) reads the request sample and returns :class:`Finding`
 objects; renderers only read :meth:`Finding.to_dict`. A finding's projection comes from the
-replay model (``tracekit.analysis.replay``) through :attr:`RuleContext.project`, with a
-:class:`Fix` that says which transformation of the recorded requests the proposed code
-corresponds to.
+replay model (``tracekit.analysis.replay``) through :attr:`RuleContext.project`, with the
+replay's :class:`~tracekit.analysis.replay.Fix` that says which transformation of the
+recorded requests the proposed code corresponds to.
 
 Severity (report contract): ``high`` when the impact is at least 20% of the route's p50
 latency or at least 50 ms, ``medium`` at least 5%, else ``low``.
@@ -12,16 +12,26 @@ latency or at least 50 ms, ``medium`` at least 5%, else ``low``.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tracekit.analysis.model import RequestRecord
 from tracekit.errors import ConfigurationError
 
-#: Severities, least severe first.
-SEVERITIES = ("low", "medium", "high")
+if TYPE_CHECKING:  # types only: the renderers import the severities without the replay
+    from collections.abc import Callable, Sequence
+
+    from tracekit.analysis.model import RequestRecord
+    from tracekit.analysis.replay import Fix
+
+    #: ``project(requests, fix) -> (projection dict | None, note | None)``.
+    ProjectFn = Callable[
+        [Sequence[RequestRecord], Fix], tuple[dict[str, list[float]] | None, str | None]
+    ]
+
+#: Severities, most severe first: the order reports list findings in and the choices of
+#: ``tracekit analyze --fail-on``.
+SEVERITIES = ("high", "medium", "low")
 _RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 #: Severity thresholds (report contract): fraction of the route's p50, and absolute ms.
@@ -29,8 +39,14 @@ HIGH_FRACTION = 0.20
 HIGH_MS = 50.0
 MEDIUM_FRACTION = 0.05
 
-#: What a :class:`Fix` can do to the recorded requests (see ``docs/analyzer-rules.md``).
-FIX_ACTIONS = ("thread", "process", "shrink", "gather", "fanout", "model_overlap")
+
+def severity_rank(severity: object) -> int:
+    """Where ``severity`` sorts: 0 for ``"high"``, ..., ``len(SEVERITIES)`` for anything else.
+
+    Args:
+        severity: a severity, or any value read from a report (unknown values sort last).
+    """
+    return _RANK.get(severity, len(SEVERITIES)) if isinstance(severity, str) else len(SEVERITIES)
 
 
 def severity_at_least(severity: str, threshold: str) -> bool:
@@ -51,7 +67,18 @@ def severity_at_least(severity: str, threshold: str) -> bool:
             raise ConfigurationError(
                 f"unknown severity {value!r}; expected one of {', '.join(SEVERITIES)}"
             )
-    return _RANK[severity] >= _RANK[threshold]
+    return _RANK[severity] <= _RANK[threshold]
+
+
+def worst_severity(severities: Iterable[object]) -> str | None:
+    """The most severe of ``severities``, or ``None`` when none is a known severity."""
+    rank = min(map(severity_rank, severities), default=len(SEVERITIES))
+    return SEVERITIES[rank] if rank < len(SEVERITIES) else None
+
+
+def finding_order(finding: Finding) -> tuple[int, float]:
+    """Sort key of findings: most severe first, then the larger impact first."""
+    return severity_rank(finding.severity), -finding.impact_ms
 
 
 def severity_for(impact_ms: float, route_p50_ms: float | None) -> str:
@@ -75,114 +102,27 @@ def severity_for(impact_ms: float, route_p50_ms: float | None) -> str:
     return "low"
 
 
-@dataclass(frozen=True)
-class Fix:
-    """A transformation of the recorded requests that models a proposed code change.
-
-    Attributes:
-        action: one of :data:`FIX_ACTIONS`:
-
-            - ``thread``: the stage's event-loop slices run on the thread pool instead
-              (``asyncio.to_thread``); their CPU holds the GIL unless ``gil_free``.
-            - ``process``: the slices run in a process pool (no GIL, ``cores`` in parallel).
-            - ``shrink``: the slices' CPU is multiplied by ``factor`` (a faster library).
-            - ``gather``: the stage and the later sibling stage ``other`` start together
-              (speculative start); what ran between them runs before ``other`` as before.
-            - ``fanout``: the stage's repeated sequential calls (same name, same parent)
-              start together.
-            - ``model_overlap``: calls of the model stage no longer wait for each other:
-              the recorded one-at-a-time server (or lock) gets ``capacity`` slots.
-        route: the route whose requests change (the event loop is shared by all routes).
-        stage: the stage name; ``None`` means the request's own code outside any stage.
-        gil_free: ``thread`` only: the moved work releases the GIL.
-        factor: ``shrink`` only: the new CPU as a fraction of the recorded one.
-        other: ``gather`` only: the stage started together with ``stage``.
-        capacity: ``model_overlap`` only: concurrent calls after the fix (``None``: no limit).
-        queue: ``model_overlap`` only: where the recorded waiting sits: ``"inside"`` the model
-            stage (a one-at-a-time model server) or ``"outside"`` it (a lock or a blocking
-            client in the gateway, before the stage starts).
-        report_route: the route whose before/after figures the projection reports
-            (default ``route``): fixing one route's stage can be what helps another.
-    """
-
-    action: str
-    route: str
-    stage: str | None
-    gil_free: bool = False
-    factor: float = 1.0
-    other: str | None = None
-    capacity: int | None = None
-    queue: str = "inside"
-    report_route: str | None = None
-
-    @property
-    def measured_route(self) -> str:
-        """The route the projection's figures are for."""
-        return self.report_route or self.route
-
-    def __post_init__(self) -> None:
-        if self.action not in FIX_ACTIONS:
-            raise ConfigurationError(
-                f"unknown fix action {self.action!r}; expected one of {', '.join(FIX_ACTIONS)}"
-            )
-        if not 0.0 <= self.factor <= 1.0:
-            raise ConfigurationError(f"fix factor must be within [0, 1], not {self.factor}")
-        if self.action == "gather" and not self.other:
-            raise ConfigurationError("a gather fix needs the other stage's name")
-        if self.capacity is not None and self.capacity < 1:
-            raise ConfigurationError(f"model capacity must be >= 1, not {self.capacity}")
-        if self.queue not in ("inside", "outside"):
-            raise ConfigurationError(f"queue must be 'inside' or 'outside', not {self.queue!r}")
-
-
-#: ``project(requests, fix) -> (projection dict | None, note | None)``.
-ProjectFn = Callable[
-    [Sequence[RequestRecord], Fix], tuple[dict[str, list[float]] | None, str | None]
-]
-
-
-def default_thread_pool_size() -> int:
-    """asyncio's default executor size: ``min(32, os.cpu_count() + 4)``."""
-    return min(32, (os.cpu_count() or 1) + 4)
-
-
 @dataclass
 class RuleContext:
     """What every rule gets besides the requests.
 
     Attributes:
-        thread_pool_size: worker threads of the default executor (``asyncio.to_thread``).
-        cores: CPU cores available to the gateway process and its process pool.
         route: report findings for this route only (the replay still uses every route:
             they share the event loop).
-        project: the replay's ``project(requests, fix)``; by default a
-            :class:`tracekit.analysis.replay.Replayer` built from ``thread_pool_size`` and
-            ``cores``, which caches its baseline replays per request sample.
+        project: the replay's ``project(requests, fix)`` (a
+            :meth:`tracekit.analysis.replay.Replayer.project`, which caches its baseline
+            replays per request sample); ``None``: findings carry no projection.
         routes: the aggregator's route statistics, if the caller has them (unused by the
             rules, which compute what they need from the sample).
         slo: the SLO targets, if any (informational).
         cache: per-sample memo shared by the rules (e.g. the event-loop index).
     """
 
-    thread_pool_size: int = field(default_factory=default_thread_pool_size)
-    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     route: str | None = None
     project: ProjectFn | None = None
     routes: list[dict[str, Any]] | None = None
     slo: Any = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.thread_pool_size < 1:
-            raise ConfigurationError(f"thread_pool_size must be >= 1, not {self.thread_pool_size}")
-        if self.cores < 1:
-            raise ConfigurationError(f"cores must be >= 1, not {self.cores}")
-        if self.project is None:
-            # Imported here: replay imports this module for Fix.
-            from tracekit.analysis.replay import ReplayConfig, Replayer
-
-            config = ReplayConfig(thread_pool_size=self.thread_pool_size, cores=self.cores)
-            self.project = Replayer(config).project
 
 
 @dataclass

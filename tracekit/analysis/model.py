@@ -15,9 +15,8 @@ Times are integer nanoseconds since the Unix epoch; derived durations are float
 milliseconds, like the span attributes (DESIGN §2).
 
 The classes are msgspec ``Struct`` types: keyword or positional construction, mutable
-fields, equality by value, like the slotted dataclasses they replaced, but made in C: the
-analyzer makes one per span and one record per span, so their constructor is on the hot path
-(a third of a dataclass's cost).
+fields, equality by value, like slotted dataclasses, but made in C: the analyzer makes one
+per span and one record per span, so their constructor is on the hot path.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Streaming percentiles in bounded memory.
 
 :class:`Quantiles` keeps every value exactly while there are at most ``EXACT_LIMIT`` of them
-(percentiles by linear interpolation between the closest ranks, like numpy's default), then
-switches to a logarithmic histogram (the DDSketch mapping): a value ``v > 0`` goes to bucket
-``ceil(log(v) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``, and a bucket reports
-``2 * gamma**i / (gamma + 1)``, which is within a relative error ``a`` = 1% of every value in
-the bucket. The rank is found by walking the buckets in order, so a percentile from the
-histogram is within 1% of *some* value whose rank is the requested one (the nearest-rank
-percentile), and clamped to the exact minimum and maximum. Memory: at most ``EXACT_LIMIT``
-floats, then one counter per occupied bucket (about 115 buckets per decade of values).
+(:func:`tracekit._percentile.percentile`: linear interpolation between the closest ranks, like
+numpy's default), then switches to a logarithmic histogram (the DDSketch mapping): a value
+``v > 0`` goes to bucket ``ceil(log(v) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``, and
+a bucket reports ``2 * gamma**i / (gamma + 1)``, which is within a relative error ``a`` = 1%
+of every value in the bucket. Walking the buckets in order finds the one holding the value of
+rank ``floor(q * (n - 1))`` (counting from 0), the lower of the two values the exact
+percentile interpolates between, so a percentile from the histogram is within 1% of that
+value, clamped to the exact minimum and maximum. Memory: at most ``EXACT_LIMIT`` floats, then
+one counter per occupied bucket (about 115 buckets per decade of values).
 
 The histogram of a set of values does not depend on their order, so structures filled apart
 (by the parallel reader's workers) :meth:`~Quantiles.merge` into exactly the structure one
@@ -24,6 +25,8 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import repeat
 from operator import mul
+
+from tracekit._percentile import percentile
 
 #: Values kept exactly before switching to the histogram.
 EXACT_LIMIT = 2048
@@ -205,13 +208,10 @@ class Quantiles:
         if not self.count:
             return None
         if exact is not None:
-            if not self._sorted:
+            if not self._sorted:  # sorted once: percentile() then sorts in one linear pass
                 self._exact = exact = array("d", sorted(exact))
                 self._sorted = True
-            position = q * (len(exact) - 1)
-            low = math.floor(position)
-            high = min(low + 1, len(exact) - 1)
-            return exact[low] + (exact[high] - exact[low]) * (position - low)
+            return percentile(exact, q)
         rank = q * (self._n - 1)
         seen = self._zeros
         if rank < seen:

@@ -20,9 +20,8 @@ few requests, an uninstrumented route, or a failed validation (with its errors).
 returns figures from a replay that did not reproduce the trace.
 
 Both replay a *window* of the sample (:func:`window`): its earliest 5,000 instrumented
-requests, more when a rare route needs them. Validation errors and projections measured
-stable down to 2,000 requests (``docs/analyzer-rules.md``, "Replay window"); the window
-keeps the cost of the replays fixed whatever the sample size.
+requests, more when a rare route needs them, which keeps the cost of the replays fixed
+whatever the sample size (why 5,000 is enough: ``docs/analyzer-rules.md``, "Replay window").
 """
 
 from __future__ import annotations
@@ -32,18 +31,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.analysis._intervals import percentile
+from tracekit._percentile import percentile
 from tracekit.analysis._model_calls import model_calls
 from tracekit.analysis._replay_build import ProgramBuilder
-from tracekit.analysis._replay_fixes import PROCESSES, THREADS, ModelCall, not_applied_note
+from tracekit.analysis._replay_fixes import (
+    FIX_ACTIONS,
+    PROCESSES,
+    THREADS,
+    Fix,
+    ModelCall,
+    not_applied_note,
+)
 from tracekit.analysis._replay_memo import ProgramMemo
 from tracekit.analysis._replay_run import Loops, Run, errors, figures, multi_loop_reason, simulate
 from tracekit.analysis._replay_sim import Node
-from tracekit.analysis.findings import Fix, default_thread_pool_size
 from tracekit.analysis.model import RequestRecord
 from tracekit.errors import ConfigurationError
 
+__all__ = [
+    "FIX_ACTIONS",
+    "Fix",
+    "ReplayConfig",
+    "Replayer",
+    "Validation",
+    "default_thread_pool_size",
+    "project",
+    "validate",
+    "window",
+]
+
 _MS = 1e6
+
+
+def default_thread_pool_size() -> int:
+    """asyncio's default executor size: ``min(32, os.cpu_count() + 4)``."""
+    return min(32, (os.cpu_count() or 1) + 4)
 
 
 @dataclass(frozen=True)
@@ -67,8 +89,8 @@ class ReplayConfig:
             the request chained to it (``tracekit.analysis._replay_arrivals``).
         closed_loop_fraction: see ``arrivals``.
         max_requests: the earliest this many instrumented requests are replayed (a window of
-            intact concurrency; validation errors and projections measured stable from
-            2,000 requests up, ``docs/analyzer-rules.md``), or more, see ``route_requests``.
+            intact concurrency, ``docs/analyzer-rules.md``, "Replay window"), or more, see
+            ``route_requests``.
         route_requests: the window extends past ``max_requests`` until every route with at
             least ``min_requests`` in the sample has this many requests in it (or all it
             has), so that a rare route is still validated on a usable sample.
@@ -142,9 +164,8 @@ class Replayer:
     building the programs. Per sample, once: sorting and grouping its window, its arrivals,
     the as-recorded programs (their parts are kept in a :class:`ProgramMemo` per request, so
     a fix rebuilds only what it changes) and the as-recorded replay. Memory: about twice the
-    programs of the window (34 MB held after a validation and two projections of 5,000
-    requests of ``bench/gen_traces.py --rate 60``, 5 stages; a program has a loop step per
-    recorded loop wait, see ``_replay_build``).
+    programs of the window (a program has a loop step per recorded loop wait, see
+    ``_replay_build``; figures in ``docs/analyzer-rules.md``).
     """
 
     def __init__(self, config: ReplayConfig | None = None) -> None:
@@ -383,7 +404,7 @@ def validate(requests: Sequence[RequestRecord], config: ReplayConfig | None = No
     Returns:
         The :class:`Validation`.
     """
-    return (Replayer(config) if config is not None else Replayer()).validate(requests)
+    return Replayer(config).validate(requests)
 
 
 def project(
@@ -399,4 +420,4 @@ def project(
     Returns:
         ``(projection, None)`` or ``(None, note)``.
     """
-    return (Replayer(config) if config is not None else Replayer()).project(requests, fix)
+    return Replayer(config).project(requests, fix)

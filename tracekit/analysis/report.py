@@ -11,7 +11,6 @@ lack with defaults.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,10 @@ from typing import Any
 import orjson
 
 from tracekit.analysis.aggregate import Aggregator
+from tracekit.analysis.findings import Finding, RuleContext, worst_severity
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Replayer
+from tracekit.analysis.rules import run_rules
 from tracekit.errors import ConfigurationError
 
 SCHEMA = "tracekit.report/1"
@@ -27,26 +29,6 @@ SCHEMA = "tracekit.report/1"
 TIMELINE_REQUESTS = 200
 #: Spans shown in the slowest request's waterfall (the earliest-starting ones).
 WATERFALL_SPANS = 500
-SEVERITIES = ("high", "medium", "low")
-_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
-
-
-@dataclass(slots=True)
-class _FindingData:
-    """A finding read back from a report dict (when the rules' Finding type can't rebuild it)."""
-
-    data: dict[str, Any]
-
-    @property
-    def severity(self) -> str:
-        return str(self.data.get("severity", "low"))
-
-    @property
-    def rule(self) -> str:
-        return str(self.data.get("rule", ""))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.data)
 
 
 @dataclass
@@ -78,7 +60,7 @@ class Report:
     slo: dict[str, float | None] | None
     validation: dict[str, Any] | None
     routes: list[dict[str, Any]]
-    findings: list[Any]
+    findings: list[Finding]
     slowest: dict[str, Any] | None
     timeline: dict[str, Any] | None
     sample: list[RequestRecord] = field(default_factory=list, repr=False)
@@ -126,8 +108,7 @@ class Report:
 
     def worst_severity(self) -> str | None:
         """The most severe finding's severity, or ``None`` without findings."""
-        ranks = [_SEVERITY_RANK.get(str(f.severity), len(SEVERITIES)) for f in self.findings]
-        return SEVERITIES[min(ranks)] if ranks and min(ranks) < len(SEVERITIES) else None
+        return worst_severity(f.severity for f in self.findings)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -154,19 +135,10 @@ class Report:
             slo=data.get("slo"),
             validation=data.get("validation"),
             routes=list(data.get("routes", [])),
-            findings=[_finding_from_dict(f) for f in data.get("findings", [])],
+            findings=[Finding.from_dict(f) for f in data.get("findings", [])],
             slowest=data.get("slowest"),
             timeline=data.get("timeline"),
         )
-
-
-def _finding_from_dict(data: dict[str, Any]) -> Any:
-    try:
-        from tracekit.analysis.findings import Finding
-    except ImportError:
-        return _FindingData(dict(data))
-    from_dict = getattr(Finding, "from_dict", None)
-    return from_dict(data) if from_dict is not None else _FindingData(dict(data))
 
 
 def build_report(
@@ -194,7 +166,7 @@ def build_report(
     """
     sample = agg.sample()
     route_dicts = agg.routes()
-    findings: list[Any] = []
+    findings: list[Finding] = []
     validation: dict[str, Any] | None = None
     if run_rules and sample and agg.requests:
         findings, validation = _rules_and_validation(sample, route_dicts, agg, routes)
@@ -219,34 +191,14 @@ def _rules_and_validation(
     route_dicts: list[dict[str, Any]],
     agg: Aggregator,
     only: Sequence[str] | None,
-) -> tuple[list[Any], dict[str, Any] | None]:
-    try:
-        from tracekit.analysis.findings import RuleContext
-        from tracekit.analysis.replay import ReplayConfig, Replayer
-    except ImportError:  # the replay is not part of this build: statistics only
-        return [], None
-    # Looked up, not imported by name: a build without rules still validates and reports.
-    rules: Sequence[Any] = getattr(
-        importlib.import_module("tracekit.analysis.rules"), "DEFAULT_RULES", ()
-    )
+) -> tuple[list[Finding], dict[str, Any] | None]:
     single = only[0] if only is not None and len(only) == 1 else None
-    ctx = RuleContext(route=single, routes=route_dicts, slo=agg.slo)
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
-    replayer = Replayer(ReplayConfig(thread_pool_size=ctx.thread_pool_size, cores=ctx.cores))
-    ctx.project = replayer.project
+    replayer = Replayer()
+    ctx = RuleContext(route=single, routes=route_dicts, slo=agg.slo, project=replayer.project)
     validation: dict[str, Any] = replayer.validate(sample).to_dict()
-    found: list[Any] = []
-    for rule in rules:
-        found.extend(rule(sample, ctx))
-    if only is not None:
-        found = [f for f in found if f.route in only]
-    found.sort(key=lambda f: (_SEVERITY_RANK.get(str(f.severity), len(SEVERITIES)), -_impact(f)))
+    found = [f for f in run_rules(sample, ctx) if only is None or f.route in only]
     return found, validation
-
-
-def _impact(finding: Any) -> float:
-    impact = getattr(finding, "impact_ms", None)
-    return float(impact) if isinstance(impact, (int, float)) else 0.0
 
 
 def waterfall(req: RequestRecord) -> dict[str, Any]:

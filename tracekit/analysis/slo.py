@@ -62,7 +62,7 @@ class SLO:
             return False
         streamed = req.chunks is not None and req.chunks > 1
         if self.itl_ms is not None and streamed:
-            itl = req.itl_p95_ms if req.itl_p95_ms is not None else req.itl_max_ms
+            itl = request_itl_ms(req)
             if itl is not None and itl > self.itl_ms:
                 return False
         if self.tpot_ms is not None and streamed:
@@ -87,6 +87,13 @@ def _ttft(req: RequestRecord) -> float:
     if req.ttfb_ms is not None:
         return req.ttfb_ms
     return req.wall_ms
+
+
+def request_itl_ms(req: RequestRecord) -> float | None:
+    """The inter-chunk latency one streamed request is judged by (the ``itl`` target, the
+    report's ``streaming.itl_ms``): its p95 gap (``tracekit.itl_p95_ms``), else its longest
+    (``tracekit.itl_max_ms``), else ``None``."""
+    return req.itl_p95_ms if req.itl_p95_ms is not None else req.itl_max_ms
 
 
 def request_tpot_ms(req: RequestRecord) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tracekit.analysis.findings import SEVERITIES, severity_rank
 from tracekit.render._html_charts import breakdown_chart, projection_bars, waterfall
 from tracekit.render._html_util import (
     clip,
@@ -22,7 +23,6 @@ from tracekit.render._html_util import (
     num,
 )
 
-_SEVERITIES = ("high", "medium", "low")
 _PCTS = ("p50", "p90", "p95", "p99")
 
 
@@ -37,7 +37,7 @@ def header(report: Mapping[str, Any]) -> str:
     """
     services = [s for s in report.get("services") or [] if isinstance(s, str)]
     findings = items(report.get("findings"))
-    counts = {sev: sum(1 for f in findings if f.get("severity") == sev) for sev in _SEVERITIES}
+    counts = {sev: sum(1 for f in findings if f.get("severity") == sev) for sev in SEVERITIES}
     found = ", ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
     cards = [
         ("source", esc(clip(report.get("source") or "unknown", 200))),
@@ -113,10 +113,8 @@ def findings_section(findings: list[Mapping[str, Any]]) -> str:
             '<section id="findings"><h2>Findings</h2><p class="empty">No findings: nothing on '
             "the request path matched a rule.</p></section>"
         )
-    rank = {sev: i for i, sev in enumerate(_SEVERITIES)}
     ordered = sorted(
-        findings,
-        key=lambda f: (rank.get(str(f.get("severity")), 3), -(num(f.get("impact_ms")) or 0.0)),
+        findings, key=lambda f: (severity_rank(f.get("severity")), -(num(f.get("impact_ms")) or 0.0))
     )
     return (
         '<section id="findings"><h2>Findings</h2>'
@@ -126,7 +124,7 @@ def findings_section(findings: list[Mapping[str, Any]]) -> str:
 
 
 def _finding(f: Mapping[str, Any]) -> str:
-    sev = f.get("severity") if f.get("severity") in _SEVERITIES else "low"
+    sev = f.get("severity") if f.get("severity") in SEVERITIES else "low"
     where = [("route", f.get("route")), ("stage", f.get("stage")), ("function", f.get("function"))]
     where_html = " · ".join(f"{name} <code>{esc(clip(v, 200))}</code>" for name, v in where if v)
     impact = num(f.get("impact_ms"))

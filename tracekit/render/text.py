@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from tracekit.analysis.findings import SEVERITIES
+
 _MIN_WIDTH = 40
 _BAR = 24
 
@@ -344,7 +346,7 @@ class _Renderer:
             where.append(f"{g.dot} {f['stage']}")
         if f.get("function"):
             where.append(f"({f['function']})")
-        label = self._cut(severity.upper() if severity in _SEVERITIES else severity, 8)
+        label = self._cut(severity.upper() if severity in SEVERITIES else severity, 8)
         rule = self._cut(str(f.get("rule")), self.width - 3 - len(label))
         self._add()
         self._add(f"  {tone}{p.bold}{label}{p.reset} {p.bold}{rule}{p.reset}")
@@ -375,7 +377,6 @@ class _Renderer:
         self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4, self.p.green, hang=2)
 
 
-_SEVERITIES = ("high", "medium", "low")
 _PROJECTED = (("p50_ms", "p50", " ms"), ("p95_ms", "p95", " ms"), ("throughput_rps", "rps", ""))
 
 

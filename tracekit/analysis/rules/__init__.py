@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from tracekit.analysis.findings import Finding, RuleContext
+from tracekit.analysis.findings import Finding, RuleContext, finding_order
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Replayer
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
 from tracekit.analysis.rules.sequential_independent import SequentialIndependent
@@ -50,16 +51,16 @@ def run_rules(
 
     Args:
         requests: the request sample.
-        ctx: the context (default: a fresh :class:`RuleContext`).
+        ctx: the context (default: a :class:`RuleContext` projecting with a default
+            :class:`~tracekit.analysis.replay.Replayer`).
         rules: the rules to run.
 
     Returns:
         All findings, most severe first, then by impact.
     """
-    ctx = ctx or RuleContext()
+    ctx = ctx or RuleContext(project=Replayer().project)
     found = [f for rule in (rules or DEFAULT_RULES) for f in rule(requests, ctx)]
-    rank = {"high": 0, "medium": 1, "low": 2}
-    found.sort(key=lambda f: (rank.get(f.severity, 3), -f.impact_ms))
+    found.sort(key=finding_order)
     return found
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
-from tracekit.analysis._intervals import function_of, percentile
-from tracekit.analysis.findings import Finding, Fix, RuleContext, severity_for
+from tracekit._percentile import percentile
+from tracekit.analysis._intervals import function_of
+from tracekit.analysis.findings import Finding, RuleContext, severity_for
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules._loop_index import OWN, LoopIndex, Usage, loop_usage
 
 __all__ = [

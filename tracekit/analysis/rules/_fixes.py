@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 import re
 
-from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP, TOKENIZERS_GIL
+#: ``json.dumps(payload).encode()`` time over ``orjson.dumps(payload)`` time on an OpenAI-style
+#: ``chat.completion`` response of ~2.6 kB. The ``serialize`` fix names it, and its model
+#: divides the stage's CPU by it (assuming that CPU is JSON encoding). Measured: see
+#: ``docs/analyzer-rules.md`` ("Measured constants") and ``tracekit.analysis._replay_calibration``.
+ORJSON_SPEEDUP = 20.0
+#: The speed a pure-Python thread keeps (vs. alone) while another thread runs one HF
+#: ``tokenizers`` call: ``encode`` holds the GIL, ``encode_batch`` releases it. The ``tokenize``
+#: fix's code quotes the ratio. Measured: as above.
+TOKENIZERS_GIL = {"encode": 0.06, "encode_batch": 0.7}
 
 _GIL_RATIO = TOKENIZERS_GIL["encode_batch"] / TOKENIZERS_GIL["encode"]
 

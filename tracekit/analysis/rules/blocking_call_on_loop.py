@@ -5,10 +5,9 @@ loop thread without running on the CPU: the stage's own loop slices add up to mu
 its CPU. Detects, per route and stage, time held off-CPU with p95 per request >=
 ``min_block_ms`` making up at least ``off_cpu_share`` of the time held. The share is high
 (0.8: held >= 5x its CPU) because a host short of CPU (other processes, a container's CPU
-quota) stretches CPU-bound slices too: measured here, a 20 ms CPU tokenize held the loop
-for 40-50 ms on a loaded 2-core machine, which is ``cpu-on-loop``'s case, not a blocking
-call. The fix names where
-the watchdog caught it (``tracekit.blocked_at``) and replaces the call with its async
+quota) stretches CPU-bound slices too, and a stretched CPU-bound slice is ``cpu-on-loop``'s
+case, not a blocking call (``docs/analyzer-rules.md`` has the measurement). The fix names
+where the watchdog caught it (``tracekit.blocked_at``) and replaces the call with its async
 equivalent, or runs it in a worker thread.
 """
 
@@ -16,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracekit.analysis._intervals import percentile
-from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit._percentile import percentile
+from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,

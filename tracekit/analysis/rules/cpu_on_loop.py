@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tracekit import semconv
-from tracekit.analysis._intervals import percentile
-from tracekit.analysis._replay_calibration import ORJSON_SPEEDUP
-from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit._percentile import percentile
+from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
@@ -48,7 +48,7 @@ def fix_for_cpu(
         return _fixes.tokenize_off_loop(stage, function), Fix("thread", route, stage, gil_free=True)
     if stage is not None and kind == semconv.KIND_SERIALIZE:
         return _fixes.faster_serializer(stage, function), Fix(
-            "shrink", route, stage, factor=1.0 / ORJSON_SPEEDUP
+            "shrink", route, stage, factor=1.0 / _fixes.ORJSON_SPEEDUP
         )
     return _fixes.process_pool(stage, function, route), Fix("process", route, stage)
 
@@ -59,8 +59,9 @@ class CpuOnLoop(LoopUsageRule):
     Args:
         min_cpu_ms: fire when the stage's on-loop CPU per request has p95 >= this (10 ms).
         min_slice_ms: ... and its longest slice has p95 >= this (5 ms), or the waits it
-            caused others are >= 5% of the route's p50.
+            caused others per request are at least ``min_blame_share`` of the route's p50.
         min_requests: routes with fewer instrumented requests are skipped (3).
+        min_blame_share: see ``min_slice_ms`` (0.05).
     """
 
     id = "cpu-on-loop"
@@ -70,10 +71,12 @@ class CpuOnLoop(LoopUsageRule):
         min_cpu_ms: float = 10.0,
         min_slice_ms: float = 5.0,
         min_requests: int = 3,
+        min_blame_share: float = 0.05,
     ) -> None:
         self.min_cpu_ms = min_cpu_ms
         self.min_slice_ms = min_slice_ms
         self.min_requests = min_requests
+        self.min_blame_share = min_blame_share
 
     def _check(
         self,
@@ -92,7 +95,7 @@ class CpuOnLoop(LoopUsageRule):
             return None
         slice95 = percentile([u.max_block_ms or u.cpu_ms for u in uses], 0.95)
         blame = index.blame_ms_per_request(service, route, name)
-        if slice95 < self.min_slice_ms and blame < 0.05 * p50:
+        if slice95 < self.min_slice_ms and blame < self.min_blame_share * p50:
             return None
         per_second = index.blame_ms_per_second(service, route, name)
         first = next((u for u in uses if u.stage is not None), None)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracekit.analysis._intervals import function_of, percentile
-from tracekit.analysis._model_calls import CallTiming, model_calls
-from tracekit.analysis._replay_nodes import is_model_stage
-from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit._percentile import percentile
+from tracekit.analysis._intervals import function_of
+from tracekit.analysis._model_calls import CallTiming, is_model_stage, model_calls
+from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import by_route, finding, ms, p50_latency
 

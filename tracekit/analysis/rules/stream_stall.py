@@ -20,9 +20,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tracekit import semconv
-from tracekit.analysis._intervals import StageTree, function_of, percentile
-from tracekit.analysis.findings import Finding, Fix, RuleContext
+from tracekit._percentile import percentile
+from tracekit.analysis._intervals import StageTree, function_of
+from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import _fixes
 from tracekit.analysis.rules._common import (
     LoopIndex,
