@@ -57,8 +57,8 @@ with open(sys.argv[1], "rb") as f:
 """
 PHASES = """
 import gc, json, sys, time
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.assemble import assemble
+from tracekit.analysis.stats.aggregate import Aggregator
+from tracekit.analysis.assembly.grouping import assemble
 from tracekit.analysis.report import build_report
 from tracekit.analysis.sources import read_spans
 gc.disable()  # as analyze() does

@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from tracekit.analysis._otlp_typed import typed_spans
-    from tracekit.analysis.aggregate import Aggregator
-    from tracekit.analysis.assemble import assemble
+    from tracekit.analysis.assembly.grouping import assemble
     from tracekit.analysis.model import Span
     from tracekit.analysis.report import build_report
+    from tracekit.analysis.stats.aggregate import Aggregator
 
     gc.disable()  # as analyze() does
 

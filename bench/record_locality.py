@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import gen_traces
 
     from tracekit.analysis._otlp_typed import typed_spans
-    from tracekit.analysis._records import request_record, stage_record
+    from tracekit.analysis.assembly.request_records import request_record, stage_record
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "traces.jsonl"

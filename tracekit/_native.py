@@ -51,16 +51,6 @@ COMPILED = (
     "_export.span_attributes",
     "_export.readable_spans",
     "_export.sdk",
-    "analysis._records",
-    "analysis._route_stats",
-    "analysis.quantiles",
-    "analysis.aggregate",
-    "analysis._intervals",
-    "analysis._replay_sim",
-    "analysis._replay_build",
-    "analysis._replay_nodes",
-    "analysis._replay_run",
-    "analysis.rules._loop_index",
 )
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn, TextIO
 from urllib.parse import urlsplit
 
-from tracekit.analysis.findings import SEVERITIES, severity_at_least
+from tracekit.analysis.rules.findings import SEVERITIES, severity_at_least
 from tracekit.errors import ConfigurationError, TracekitError
 from tracekit.render.text import escape_controls
 

@@ -7,7 +7,7 @@ Two ways to make them:
   loop with a FIFO ready queue, model servers with a capacity, an optional lock around a
   stage, worker threads) and records what tracekit's core would record: stage intervals,
   cpu / wait / loop_wait, on_loop, max_block, loop slices and loop waits >= 1 ms, streaming
-  chunk times. It is written independently of ``tracekit.analysis._replay_sim`` (no shared
+  chunk times. It is written independently of ``tracekit.analysis.replay.sim`` (no shared
   code), so a replay that reproduces its traces reproduces a known system, not itself.
 """
 

@@ -9,16 +9,10 @@ from typing import Any
 import pytest
 
 from tests.analysis.factories import request, stage
-from tracekit.analysis.aggregate import (
-    OTHER_ROUTES,
-    OTHER_STAGES,
-    Aggregator,
-    breakdown,
-    sample_key,
-)
 from tracekit.analysis.model import RequestRecord
-from tracekit.analysis.quantiles import EXACT_LIMIT, RELATIVE_ERROR, Quantiles
 from tracekit.analysis.slo import parse_slo
+from tracekit.analysis.stats.aggregate import OTHER_ROUTES, OTHER_STAGES, Aggregator, breakdown, sample_key
+from tracekit.analysis.stats.quantiles import EXACT_LIMIT, RELATIVE_ERROR, Quantiles
 
 ROUTE = "POST /v1/chat/completions"
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import REAL, needs_real
 from tracekit import semconv
-from tracekit.analysis.assemble import Window, assemble, compact, decode_pairs, route_of
+from tracekit.analysis.assembly.grouping import Window, assemble, compact, decode_pairs, route_of
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.sources import read_spans
 from tracekit.errors import ConfigurationError

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
-from tracekit.analysis._replay_arrivals import arrivals
-from tracekit.analysis._replay_build import ProgramBuilder
-from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer, Validation, project, validate, window
+from tracekit.analysis.replay.arrivals import arrivals
+from tracekit.analysis.replay.build import ProgramBuilder
+from tracekit.analysis.replay.sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.errors import ConfigurationError
 
 ROUTE = "POST /v1/chat/completions"
@@ -363,7 +363,7 @@ def test_the_replay_window_extends_until_rare_routes_have_enough_requests() -> N
 
 
 def test_stability_replays_exactly_the_earliest_n_requests() -> None:
-    from tracekit.analysis._replay_stability import stability
+    from tracekit.analysis.replay.stability import stability
 
     records = _jittered_tokenize_trace(seed=3)[:120]
     full, part = stability(records, [len(records), 60])

@@ -7,13 +7,13 @@ import random
 import pytest
 
 from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
-from tracekit.analysis._intervals import StageTree
-from tracekit.analysis._replay_build import ProgramBuilder
-from tracekit.analysis._replay_fixes import ModelCall
-from tracekit.analysis._replay_memo import ProgramMemo
-from tracekit.analysis._replay_sim import DELAY, LOOP
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
+from tracekit.analysis.replay.build import ProgramBuilder
+from tracekit.analysis.replay.fixes import ModelCall
+from tracekit.analysis.replay.memo import ProgramMemo
+from tracekit.analysis.replay.sim import DELAY, LOOP
+from tracekit.analysis.stats.intervals import StageTree
 
 ROUTE = "POST /v1/chat/completions"
 KINDS = {"model": "model", "guardrail": "guardrail", "tokenize": "tokenize"}

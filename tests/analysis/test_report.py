@@ -10,10 +10,10 @@ import pytest
 
 from tests.analysis.factories import request, stage
 from tests.helpers import REAL, gen_traces, needs_real
-from tracekit.analysis._records import route_matches
-from tracekit.analysis.aggregate import Aggregator
 from tracekit.analysis.api import analyze, analyze_spans
+from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.report import SCHEMA, TIMELINE_REQUESTS, Report, build_report, waterfall
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError
 
 TOP_KEYS = {

@@ -11,8 +11,11 @@ from tests.analysis.factories import Job, Op, request, simulate_gateway, stage
 from tests.helpers import HOTROD
 from tracekit import semconv
 from tracekit._percentile import percentile
-from tracekit.analysis._replay_calibration import measure_serializer
-from tracekit.analysis.findings import (
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import ReplayConfig, Replayer
+from tracekit.analysis.rules import DEFAULT_RULES, run_rules
+from tracekit.analysis.rules.calibration import measure_serializer
+from tracekit.analysis.rules.findings import (
     SEVERITIES,
     Finding,
     RuleContext,
@@ -21,10 +24,7 @@ from tracekit.analysis.findings import (
     severity_rank,
     worst_severity,
 )
-from tracekit.analysis.model import RequestRecord
-from tracekit.analysis.replay import ReplayConfig, Replayer
-from tracekit.analysis.rules import DEFAULT_RULES, run_rules
-from tracekit.analysis.rules._fixes import ORJSON_SPEEDUP
+from tracekit.analysis.rules.fixes import ORJSON_SPEEDUP
 from tracekit.errors import ConfigurationError
 
 CHAT = "POST /v1/chat/completions"
@@ -371,7 +371,7 @@ def test_route_filter_limits_findings_not_the_replay() -> None:
 
 # --- real traces ------------------------------------------------------------------------------
 def _hotrod(twin: bool = False) -> list[RequestRecord]:
-    from tracekit.analysis.assemble import assemble
+    from tracekit.analysis.assembly.grouping import assemble
     from tracekit.analysis.sources import read_spans
 
     spans = list(read_spans(HOTROD))
@@ -453,7 +453,7 @@ def test_orjson_speedup_constant_matches_a_quick_measurement() -> None:
 
 def test_tokenizers_encode_holds_the_gil_and_encode_batch_releases_it() -> None:
     pytest.importorskip("tokenizers")
-    from tracekit.analysis._replay_calibration import measure_tokenizers_gil
+    from tracekit.analysis.rules.calibration import measure_tokenizers_gil
 
     beside = measure_tokenizers_gil(repeat=3)
     # A pure-Python thread runs beside encode_batch; beside encode it (nearly) stops.

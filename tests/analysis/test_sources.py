@@ -28,12 +28,7 @@ from tracekit import semconv
 from tracekit.analysis import _jaeger_api, _otlp_typed, _source_common
 from tracekit.analysis.model import SPAN_KINDS, Event, Span
 from tracekit.analysis.sources import FORMATS, ReadStats, SpanStream, detect_format, read_spans
-from tracekit.errors import (
-    ConfigurationError,
-    SourceNotFoundError,
-    TraceFormatError,
-    TracekitError,
-)
+from tracekit.errors import ConfigurationError, SourceNotFoundError, TraceFormatError, TracekitError
 
 # From real-traces/README.md ("What each file contains"); test_readme_table_matches checks
 # that the README still says the same.

@@ -19,11 +19,11 @@ from tests.helpers import gen_traces
 from tracekit import semconv
 from tracekit.analysis import _parallel, api
 from tracekit.analysis._parallel import Settings, analyze_plan, plan_file, worker_count
-from tracekit.analysis._records import route_matches
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.assemble import assemble
+from tracekit.analysis.assembly.grouping import assemble
+from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.slo import parse_slo
 from tracekit.analysis.sources import read_spans
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError, TraceFormatError
 
 

@@ -9,11 +9,11 @@ import tokenize
 
 import pytest
 
-from tracekit.analysis.rules import _fixes
+from tracekit.analysis.rules import fixes
 
 HOSTILE = 'x")\nimport os; os.system("id")\n#\r\u2028'
-FIXES = [f for name, f in inspect.getmembers(_fixes, inspect.isfunction)
-         if not name.startswith("_") and f.__module__ == _fixes.__name__]  # fmt: skip
+FIXES = [f for name, f in inspect.getmembers(fixes, inspect.isfunction)
+         if not name.startswith("_") and f.__module__ == fixes.__name__]  # fmt: skip
 
 
 def _arguments(fn: object) -> list[object]:
@@ -25,7 +25,7 @@ def _arguments(fn: object) -> list[object]:
 
 @pytest.mark.parametrize("fix", FIXES, ids=lambda f: f.__name__)
 def test_hostile_names_stay_inside_strings_and_comments(fix: object) -> None:
-    if fix is _fixes.unblock:  # the blocked_at of each kind of blocking call
+    if fix is fixes.unblock:  # the blocked_at of each kind of blocking call
         cases = [(HOSTILE, None, at + HOSTILE) for at in ("time.sleep ", "requests ", "cuda ", "")]
     else:
         cases = [tuple(_arguments(fix))]

@@ -34,7 +34,6 @@ from msgspec import UNSET, Meta, UnsetType
 
 from tracekit import semconv
 from tracekit.analysis._otlp_json import _events
-from tracekit.analysis._records import SHARED, share, shared
 from tracekit.analysis._source_common import (
     MAX_ARRAY_ITEMS,
     MAX_ATTRIBUTES,
@@ -49,6 +48,7 @@ from tracekit.analysis._source_common import (
     span_id,
     trace_id,
 )
+from tracekit.analysis.assembly.request_records import SHARED, share, shared
 from tracekit.analysis.model import SPAN_KINDS, Span
 
 __all__ = ["typed_spans"]
@@ -273,7 +273,8 @@ def python_attributes(kvs: list[_KeyValue]) -> dict[str, Any]:
     :func:`attributes` is this, or the same loop in C where it is built
     (``_otlp_attributes.c``, same order and results: the tests compare both).
 
-    Keys and short string values are shared strings (:func:`~tracekit.analysis._records.share`):
+    Keys and short string values are shared strings
+    (:func:`~tracekit.analysis.assembly.request_records.share`):
     the decoder makes a new string for every one, and a span waits in the assembly window
     for ~10,000 more, so sharing them there and then halves the memory a span holds and
     lets the later lookups by key compare identities.
@@ -373,7 +374,7 @@ SCAN_CACHE_SLOTS = 4096
 def configure_scanner(cache_slots: int = SCAN_CACHE_SLOTS) -> None:
     """(Re)configure the C scanner, emptying its caches; ``cache_slots``: a power of two."""
     from tracekit.analysis import _otlp_scan
-    from tracekit.analysis._records import _SHARE_MAX_CHARS
+    from tracekit.analysis.assembly.request_records import _SHARE_MAX_CHARS
 
     _otlp_scan.configure(
         Span, SHARED, share, _KINDS,

@@ -6,7 +6,7 @@ The file is cut at line starts into one byte range per worker process. Each work
 aggregates (:meth:`Aggregator.merge`); ``tracekit.analyze`` then builds the report.
 The result is the one a single pass gives (a test compares whole reports):
 
-- Assembly decides from positions only (:mod:`tracekit.analysis.assemble`), and what happens
+- Assembly decides from positions only (:mod:`tracekit.analysis.assembly.grouping`), and what happens
   to a trace before a boundary can matter for at most ``Window.reach`` spans after it. So
   worker k > 0 sets aside the spans of every trace it first sees within ``reach`` spans of
   its start (and all their later spans); after its range it receives the state worker k - 1
@@ -42,9 +42,9 @@ import orjson
 
 from tracekit.analysis._otlp_json import is_otlp
 from tracekit.analysis._source_common import ReadStats
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.assemble import Group
+from tracekit.analysis.assembly.grouping import Group
 from tracekit.analysis.slo import SLO
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import TracekitError
 
 #: Smallest file and byte range read in parallel (smaller ones are not worth a process).

@@ -32,13 +32,7 @@ from msgspec import UNSET, UnsetType
 from tracekit.analysis._jaeger_json import _trace_spans
 from tracekit.analysis._otlp_json import _service as generic_service
 from tracekit.analysis._otlp_json import _span as generic_span
-from tracekit.analysis._otlp_typed import (
-    _UNBOUNDED_NESTING,
-    _NotExact,
-    _Span,
-    _span,
-    _too_deep,
-)
+from tracekit.analysis._otlp_typed import _UNBOUNDED_NESTING, _NotExact, _Span, _span, _too_deep
 from tracekit.analysis._source_common import SPAN_ERRORS, BadSpan, ReadStats, loads, one_line
 from tracekit.analysis.model import Span
 from tracekit.errors import TraceFormatError

@@ -23,11 +23,11 @@ from tracekit.analysis._otlp_json import otlp_spans
 from tracekit.analysis._otlp_typed import typed_spans
 from tracekit.analysis._packing import pack, unpack
 from tracekit.analysis._parallel import BATCH_SPANS, Partial, Plan, Settings, State
-from tracekit.analysis._records import route_matches
 from tracekit.analysis._source_common import ReadStats
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.assemble import Window
+from tracekit.analysis.assembly.grouping import Window
+from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.model import RequestRecord, Span
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import TracekitError
 
 __all__ = ["worker_main"]

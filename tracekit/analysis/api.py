@@ -11,13 +11,13 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from tracekit.analysis._records import route_matches
 from tracekit.analysis._source_common import ReadStats
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.assemble import assemble
+from tracekit.analysis.assembly.grouping import assemble
+from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.model import Span
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError
 
 #: Distinct service names listed in a report (hostile input could have millions).

@@ -1,6 +1,6 @@
 """The analyzer's result: :class:`Report`, its JSON form (``tracekit.report/1``) and renderers.
 
-:func:`build_report` turns an :class:`~tracekit.analysis.aggregate.Aggregator` into a
+:func:`build_report` turns an :class:`~tracekit.analysis.stats.aggregate.Aggregator` into a
 :class:`Report`: the route statistics, the findings of the rules run on the request sample,
 the replay model's self-check (``validation``), the slowest request as a waterfall
 (``slowest``) and an event-loop ``timeline`` of at most :data:`TIMELINE_REQUESTS` requests
@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-from tracekit.analysis.aggregate import Aggregator
-from tracekit.analysis.findings import Finding, RuleContext, worst_severity
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Replayer
 from tracekit.analysis.rules import run_rules
+from tracekit.analysis.rules.findings import Finding, RuleContext, worst_severity
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError
 
 SCHEMA = "tracekit.report/1"

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tracekit.analysis.findings import SEVERITIES
+from tracekit.analysis.rules.findings import SEVERITIES
 
 _MIN_WIDTH = 40
 _BAR = 24

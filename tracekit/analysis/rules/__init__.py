@@ -3,7 +3,7 @@
 A rule is a class with an ``id``, its thresholds as ``__init__`` arguments (documented
 defaults, see ``docs/analyzer-rules.md``), and ``__call__(requests, ctx) -> list[Finding]``:
 ``requests`` is the bounded request sample (sorted by start, possibly of several routes and
-services), ``ctx`` a :class:`~tracekit.analysis.findings.RuleContext`. Rules never raise on
+services), ``ctx`` a :class:`~tracekit.analysis.rules.findings.RuleContext`. Rules never raise on
 odd data: what they cannot judge, they skip.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from tracekit.analysis.findings import Finding, RuleContext, finding_order
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Replayer
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
+from tracekit.analysis.rules.findings import Finding, RuleContext, finding_order
 from tracekit.analysis.rules.sequential_independent import SequentialIndependent
 from tracekit.analysis.rules.serialized_model_calls import SerializedModelCalls
 from tracekit.analysis.rules.stream_stall import StreamStall

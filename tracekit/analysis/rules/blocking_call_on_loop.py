@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tracekit._percentile import percentile
-from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules import _fixes
-from tracekit.analysis.rules._common import (
+from tracekit.analysis.rules import fixes
+from tracekit.analysis.rules.common import (
     LoopIndex,
     LoopUsageRule,
     Usage,
@@ -30,6 +29,7 @@ from tracekit.analysis.rules._common import (
     name_of,
     victim_note,
 )
+from tracekit.analysis.rules.findings import Finding, RuleContext
 
 
 class BlockingCallOnLoop(LoopUsageRule):
@@ -89,7 +89,7 @@ class BlockingCallOnLoop(LoopUsageRule):
             impact_ms=blame,
             route_p50_ms=p50,
             evidence=evidence,
-            fix=_fixes.unblock(name, function, blocked_at),
+            fix=fixes.unblock(name, function, blocked_at),
             requests=requests,
             ctx=ctx,
             model=Fix("thread", route, name, report_route=victim),

@@ -17,11 +17,10 @@ from dataclasses import replace
 
 from tracekit import semconv
 from tracekit._percentile import percentile
-from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules import _fixes
-from tracekit.analysis.rules._common import (
+from tracekit.analysis.rules import fixes
+from tracekit.analysis.rules.common import (
     LoopIndex,
     LoopUsageRule,
     Usage,
@@ -31,6 +30,7 @@ from tracekit.analysis.rules._common import (
     name_of,
     victim_note,
 )
+from tracekit.analysis.rules.findings import Finding, RuleContext
 
 
 def fix_for_cpu(
@@ -45,12 +45,12 @@ def fix_for_cpu(
         function: the stage's function.
     """
     if stage is not None and kind == semconv.KIND_TOKENIZE:
-        return _fixes.tokenize_off_loop(stage, function), Fix("thread", route, stage, gil_free=True)
+        return fixes.tokenize_off_loop(stage, function), Fix("thread", route, stage, gil_free=True)
     if stage is not None and kind == semconv.KIND_SERIALIZE:
-        return _fixes.faster_serializer(stage, function), Fix(
-            "shrink", route, stage, factor=1.0 / _fixes.ORJSON_SPEEDUP
+        return fixes.faster_serializer(stage, function), Fix(
+            "shrink", route, stage, factor=1.0 / fixes.ORJSON_SPEEDUP
         )
-    return _fixes.process_pool(stage, function, route), Fix("process", route, stage)
+    return fixes.process_pool(stage, function, route), Fix("process", route, stage)
 
 
 class CpuOnLoop(LoopUsageRule):

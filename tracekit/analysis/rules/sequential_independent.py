@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from tracekit import semconv
 from tracekit._percentile import percentile
-from tracekit.analysis._intervals import StageTree, function_of
-from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules import _fixes
-from tracekit.analysis.rules._common import by_route, finding, ms, p50_latency
+from tracekit.analysis.rules import fixes
+from tracekit.analysis.rules.common import by_route, finding, ms, p50_latency
+from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.stats.intervals import StageTree, function_of
 
 _TOUCH_NS = 10_000  # intervals overlapping by less than 10 us count as back to back
 
@@ -156,7 +156,7 @@ class SequentialIndependent:
                     impact_ms=gain,
                     route_p50_ms=p50_latency(reqs),
                     evidence=evidence,
-                    fix=_fixes.speculative_start(guard_name, g_fn, model_name, m_fn),
+                    fix=fixes.speculative_start(guard_name, g_fn, model_name, m_fn),
                     requests=requests,
                     ctx=ctx,
                     model=Fix("gather", route, guard_name, other=model_name),
@@ -201,7 +201,7 @@ class SequentialIndependent:
                     impact_ms=gain,
                     route_p50_ms=p50_latency(reqs),
                     evidence=evidence,
-                    fix=_fixes.fan_out(name, n, function_of(worst.calls[0])),
+                    fix=fixes.fan_out(name, n, function_of(worst.calls[0])),
                     requests=requests,
                     ctx=ctx,
                     model=Fix("fanout", route, name) if instrumented else None,

@@ -1,7 +1,7 @@
 """``serialized-model-calls``: model calls of concurrent requests never run at the same time.
 
 Reads all calls of one model stage in a service as customers of one FIFO server
-(:mod:`tracekit.analysis._model_calls`): a call *contended* when its request was ready while
+(:mod:`tracekit.analysis.stats.model_calls`): a call *contended* when its request was ready while
 an earlier call was still running. On a one-at-a-time model server, behind a lock, or with
 a blocking client, every contended call waits for the earlier one and is then served for
 about as long as an uncontended call takes; on a batching server contended calls overlap,
@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tracekit._percentile import percentile
-from tracekit.analysis._intervals import function_of
-from tracekit.analysis._model_calls import CallTiming, is_model_stage, model_calls
-from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules import _fixes
-from tracekit.analysis.rules._common import by_route, finding, ms, p50_latency
+from tracekit.analysis.rules import fixes
+from tracekit.analysis.rules.common import by_route, finding, ms, p50_latency
+from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.stats.intervals import function_of
+from tracekit.analysis.stats.model_calls import CallTiming, is_model_stage, model_calls
 
 _MS = 1e6
 _CONTENDED_NS = 1_000_000  # waited at least 1 ms for an earlier call
@@ -136,10 +136,10 @@ class SerializedModelCalls:
                 "the model stages never overlapped: the wait was before each stage started "
                 "(a lock or a blocking client in the gateway)"
             )
-            fix = _fixes.async_model_client(name, function)
+            fix = fixes.async_model_client(name, function)
         else:
             how = "the wait was inside the stage: the model server answered one call at a time"
-            fix = _fixes.batching_server(name, function)
+            fix = fixes.batching_server(name, function)
         evidence = (
             f"{len(contended)} of {len(calls)} {name} calls were ready while another call was "
             f"running and waited {ms(percentile(waited, 0.5))} for it (p95 "

@@ -21,20 +21,13 @@ from dataclasses import replace
 
 from tracekit import semconv
 from tracekit._percentile import percentile
-from tracekit.analysis._intervals import StageTree, function_of
-from tracekit.analysis.findings import Finding, RuleContext
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules import _fixes
-from tracekit.analysis.rules._common import (
-    LoopIndex,
-    by_route,
-    finding,
-    loop_usage,
-    ms,
-    p50_latency,
-)
+from tracekit.analysis.rules import fixes
+from tracekit.analysis.rules.common import LoopIndex, by_route, finding, loop_usage, ms, p50_latency
 from tracekit.analysis.rules.cpu_on_loop import fix_for_cpu
+from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.stats.intervals import StageTree, function_of
 
 _MS = 1e6
 
@@ -148,7 +141,7 @@ class StreamStall:
             impact_ms=stall,
             route_p50_ms=p50,
             evidence=evidence,
-            fix=_fixes.chunked_prefill(),
+            fix=fixes.chunked_prefill(),
             requests=requests,
             ctx=ctx,
             model=None,
@@ -218,7 +211,7 @@ class StreamStall:
             impact_ms=stall,
             route_p50_ms=p50,
             evidence=evidence,
-            fix=_fixes.flush_less(o_stage, function),
+            fix=fixes.flush_less(o_stage, function),
             requests=requests,
             ctx=ctx,
             model=model,

@@ -1,5 +1,5 @@
 """What several rules need: per-route groups, per-stage usage of the loop and who held it
-when (:mod:`tracekit.analysis.rules._loop_index`), and assembling a finding."""
+when (:mod:`tracekit.analysis.rules.loop_index`), and assembling a finding."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
 from tracekit._percentile import percentile
-from tracekit.analysis._intervals import function_of
-from tracekit.analysis.findings import Finding, RuleContext, severity_for
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules._loop_index import OWN, LoopIndex, Usage, loop_usage
+from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.loop_index import OWN, LoopIndex, Usage, loop_usage
+from tracekit.analysis.stats.intervals import function_of
 
 __all__ = [
     "OWN",

@@ -8,7 +8,7 @@ pure-Python work on worker threads) progresses one thread at a time, GIL-free CP
 that releases it, a process pool) runs in parallel up to ``cores``. Waits for I/O and for the
 model are delays that hold nothing, except where a one-at-a-time model server (or a lock) is
 part of the fix being modelled. Each recorded request becomes a program
-(:mod:`tracekit.analysis._replay_build`) started at its recorded arrival time, or, when the
+(:mod:`tracekit.analysis.replay.build`) started at its recorded arrival time, or, when the
 trace comes from closed-loop clients (a request starts right after another ends), right
 after its predecessor ends in the replay.
 
@@ -32,20 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit._percentile import percentile
-from tracekit.analysis._model_calls import model_calls
-from tracekit.analysis._replay_build import ProgramBuilder
-from tracekit.analysis._replay_fixes import (
-    FIX_ACTIONS,
-    PROCESSES,
-    THREADS,
-    Fix,
-    ModelCall,
-    not_applied_note,
-)
-from tracekit.analysis._replay_memo import ProgramMemo
-from tracekit.analysis._replay_run import Loops, Run, errors, figures, multi_loop_reason, simulate
-from tracekit.analysis._replay_sim import Node
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay.build import ProgramBuilder
+from tracekit.analysis.replay.fixes import FIX_ACTIONS, PROCESSES, THREADS, Fix, ModelCall, not_applied_note
+from tracekit.analysis.replay.memo import ProgramMemo
+from tracekit.analysis.replay.run import Loops, Run, errors, figures, multi_loop_reason, simulate
+from tracekit.analysis.replay.sim import Node
+from tracekit.analysis.stats.model_calls import model_calls
 from tracekit.errors import ConfigurationError
 
 __all__ = [
@@ -86,7 +79,7 @@ class ReplayConfig:
             ``"auto"``: closed when at least ``closed_loop_fraction`` of the requests can be
             chained.
         closed_loop_gap_ms: the most idle loop time between a request's end and the start of
-            the request chained to it (``tracekit.analysis._replay_arrivals``).
+            the request chained to it (``tracekit.analysis.replay.arrivals``).
         closed_loop_fraction: see ``arrivals``.
         max_requests: the earliest this many instrumented requests are replayed (a window of
             intact concurrency, ``docs/analyzer-rules.md``, "Replay window"), or more, see

@@ -2,7 +2,7 @@
 
 A rule proposes a code change and models it as a :class:`Fix` (``tracekit.analysis.replay``
 re-exports it); the replay applies it to the recorded requests. The functions below are used
-by :mod:`tracekit.analysis._replay_build` while it builds a program:
+by :mod:`tracekit.analysis.replay.build` while it builds a program:
 
 - ``thread`` / ``process`` / ``shrink``: the targeted stage's loop steps (:func:`loop_node`)
   move to the thread pool or the process pool, or shrink;
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracekit.analysis._replay_nodes import merge_loops, trim_delays_before
-from tracekit.analysis._replay_sim import CPU, DELAY, HOLD, LOOP, PAR, Node
 from tracekit.analysis.model import StageRecord
+from tracekit.analysis.replay.nodes import merge_loops, trim_delays_before
+from tracekit.analysis.replay.sim import CPU, DELAY, HOLD, LOOP, PAR, Node
 from tracekit.errors import ConfigurationError
 
 #: What a :class:`Fix` can do to the recorded requests (see ``docs/analyzer-rules.md``).

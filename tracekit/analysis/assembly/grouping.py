@@ -27,7 +27,7 @@ Hostile input never hangs or crashes assembly: duplicate span ids keep the first
 span that is its own parent is a root, cycles in parent links are cut by a visited set in
 iterative walks, negative durations are clamped to zero, and malformed ``tracekit.*`` values
 are ignored (the component becomes ``None``). Record building lives in
-:mod:`tracekit.analysis._records`.
+:mod:`tracekit.analysis.assembly.request_records`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from tracekit.analysis._records import (
+from tracekit.analysis.assembly.request_records import (
     DECODED_KEYS,
     compact,
     decode_pairs,
@@ -85,7 +85,7 @@ def assemble(
     Raises:
         ConfigurationError: ``max_open_traces`` or ``flush_after`` is less than 1.
 
-    Cost: O(1) per span plus building the requests (:mod:`tracekit.analysis._records`).
+    Cost: O(1) per span plus building the requests (:mod:`tracekit.analysis.assembly.request_records`).
     """
     window = Window(max_open_traces, flush_after)
     return _stream(window, spans)

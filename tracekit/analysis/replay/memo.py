@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis._intervals import StageTree
-from tracekit.analysis._replay_fixes import Fix, ModelCall, targets
-from tracekit.analysis._replay_sim import Node
 from tracekit.analysis.model import StageRecord
+from tracekit.analysis.replay.fixes import Fix, ModelCall, targets
+from tracekit.analysis.replay.sim import Node
+from tracekit.analysis.stats.intervals import StageTree
 
 ROOT = 0  # the memo key of the request's own node (stages are keyed by id(), never 0)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit import semconv
-from tracekit.render._html_charts import legend
-from tracekit.render._html_util import (
+from tracekit.render.html.charts import legend
+from tracekit.render.html.util import (
     COLOURED_KINDS,
     clip,
     esc,

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tracekit import semconv
-from tracekit.analysis._intervals import StageTree, has_components
 from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.stats.intervals import StageTree, has_components
 
 
 def is_model_stage(stage: StageRecord) -> bool:

@@ -1,7 +1,7 @@
 """Aggregation: per-route and per-stage statistics of a stream of requests, in bounded memory.
 
 :class:`Aggregator` takes requests one at a time (``add``) and keeps, per route and per
-(route, stage name), counters and :class:`~tracekit.analysis.quantiles.Quantiles` (exact up to
+(route, stage name), counters and :class:`~tracekit.analysis.stats.quantiles.Quantiles` (exact up to
 2,048 values, then a 1%-relative-error log histogram). Memory is bounded by routes x stages:
 at most ``max_routes`` routes (later new routes are pooled as ``(other routes)``) and
 ``max_stages`` stage names per route (later ones pooled as ``(other stages)``), so a
@@ -10,7 +10,7 @@ high-cardinality span name cannot grow it without bound.
 Besides the statistics it keeps a **sample** of whole requests for the rules and the replay:
 the ``sample_size`` earliest requests by start time (a contiguous window of real concurrency,
 which the replay needs; a random sample would thin out the overlap), plus the slowest
-request for the report's waterfall. Kept requests are :func:`~tracekit.analysis.assemble.compact`-ed
+request for the report's waterfall. Kept requests are :func:`~tracekit.analysis.assembly.grouping.compact`-ed
 in place: attributes already decoded into record fields are dropped from their maps.
 
 Breakdown of a request (DESIGN §4), in ms, for instrumented requests only:
@@ -30,8 +30,10 @@ import heapq
 from typing import Any
 
 from tracekit.analysis._packing import pack, unpack
-from tracekit.analysis._records import compact, reshare
-from tracekit.analysis._route_stats import (
+from tracekit.analysis.assembly.request_records import compact, reshare
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.slo import SLO
+from tracekit.analysis.stats.route_stats import (
     BREAKDOWN_KEYS,
     OTHER_ROUTES,
     OTHER_STAGES,
@@ -39,8 +41,6 @@ from tracekit.analysis._route_stats import (
     StageStats,
     breakdown,
 )
-from tracekit.analysis.model import RequestRecord
-from tracekit.analysis.slo import SLO
 
 __all__ = [
     "BREAKDOWN_KEYS",

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tracekit._percentile import percentile
-from tracekit.analysis._replay_arrivals import Arrivals, arrivals
-from tracekit.analysis._replay_fixes import PROCESSES, THREADS
-from tracekit.analysis._replay_sim import Node, Simulation
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay.arrivals import Arrivals, arrivals
+from tracekit.analysis.replay.fixes import PROCESSES, THREADS
+from tracekit.analysis.replay.sim import Node, Simulation
 
 # Slices of different requests overlapping for more than this share of the loop time means
 # the trace mixes several event loops (worker processes), which the one-loop model is not.

@@ -6,7 +6,7 @@ the trace as ``tracekit analyze`` does (the same sample), then for each size N r
 exactly the earliest N instrumented requests and runs the rules with their projections.
 The table in ``docs/analyzer-rules.md`` ("Replay window") comes from it::
 
-    python -m tracekit.analysis._replay_stability TRACE [--sizes 20000,5000,2000]
+    python -m tracekit.analysis.replay.stability TRACE [--sizes 20000,5000,2000]
 
 Prints, per size, the validation (worst route's p50 / p95 error) and each finding's
 projected p50 and p95 (before -> after), or its note.
@@ -22,9 +22,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tracekit.analysis.findings import RuleContext
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import ReplayConfig, Replayer
+from tracekit.analysis.rules.findings import RuleContext
 
 
 def stability(sample: Sequence[RequestRecord], sizes: Sequence[int]) -> list[dict[str, Any]]:
@@ -52,9 +52,9 @@ def stability(sample: Sequence[RequestRecord], sizes: Sequence[int]) -> list[dic
 
 
 def _sample(path: str) -> list[RequestRecord]:
-    from tracekit.analysis.aggregate import Aggregator
-    from tracekit.analysis.assemble import assemble
+    from tracekit.analysis.assembly.grouping import assemble
     from tracekit.analysis.sources import read_spans
+    from tracekit.analysis.stats.aggregate import Aggregator
 
     agg = Aggregator()
     stream = read_spans(path)

@@ -13,7 +13,7 @@ import re
 #: ``json.dumps(payload).encode()`` time over ``orjson.dumps(payload)`` time on an OpenAI-style
 #: ``chat.completion`` response of ~2.6 kB. The ``serialize`` fix names it, and its model
 #: divides the stage's CPU by it (assuming that CPU is JSON encoding). Measured: see
-#: ``docs/analyzer-rules.md`` ("Measured constants") and ``tracekit.analysis._replay_calibration``.
+#: ``docs/analyzer-rules.md`` ("Measured constants") and ``tracekit.analysis.rules.calibration``.
 ORJSON_SPEEDUP = 20.0
 #: The speed a pure-Python thread keeps (vs. alone) while another thread runs one HF
 #: ``tokenizers`` call: ``encode`` holds the GIL, ``encode_batch`` releases it. The ``tokenize``

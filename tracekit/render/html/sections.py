@@ -9,19 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tracekit.analysis.findings import SEVERITIES, severity_rank
-from tracekit.render._html_charts import breakdown_chart, projection_bars, waterfall
-from tracekit.render._html_util import (
-    clip,
-    esc,
-    fmt_int,
-    fmt_ms,
-    fmt_pct,
-    fmt_rps,
-    items,
-    mapping,
-    num,
-)
+from tracekit.analysis.rules.findings import SEVERITIES, severity_rank
+from tracekit.render.html.charts import breakdown_chart, projection_bars, waterfall
+from tracekit.render.html.util import clip, esc, fmt_int, fmt_ms, fmt_pct, fmt_rps, items, mapping, num
 
 _PCTS = ("p50", "p90", "p95", "p99")
 

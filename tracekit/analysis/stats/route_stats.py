@@ -1,4 +1,4 @@
-"""Per-route and per-stage statistics (the parts of :class:`~tracekit.analysis.aggregate.Aggregator`).
+"""Per-route and per-stage statistics (the parts of :class:`~tracekit.analysis.stats.aggregate.Aggregator`).
 
 Both classes give the same result whatever the order requests are added in, and two of
 them :meth:`merge` into what one fed everything would hold (see ``aggregate``). Values are
@@ -13,10 +13,10 @@ from operator import attrgetter
 from typing import Any
 
 from tracekit import semconv
-from tracekit.analysis._intervals import qualified_name
 from tracekit.analysis.model import RequestRecord, StageRecord
-from tracekit.analysis.quantiles import Quantiles
 from tracekit.analysis.slo import SLO, request_itl_ms, request_tpot_ms
+from tracekit.analysis.stats.intervals import qualified_name
+from tracekit.analysis.stats.quantiles import Quantiles
 
 OTHER_ROUTES = "(other routes)"
 OTHER_STAGES = "(other stages)"

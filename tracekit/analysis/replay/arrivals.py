@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from tracekit._core.event_loop import GAP_NS  # busy slices closer than this form one busy run
 from tracekit._percentile import percentile
-from tracekit.analysis._intervals import Interval, merge
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.stats.intervals import Interval, merge
 
 _MS = 1e6
 

@@ -1,5 +1,5 @@
-"""Helpers of :mod:`tracekit.analysis._replay_build`: recorded intervals cut into gaps and
-clusters, and small rewrites of node lists (see :mod:`tracekit.analysis._replay_sim` for
+"""Helpers of :mod:`tracekit.analysis.replay.build`: recorded intervals cut into gaps and
+clusters, and small rewrites of node lists (see :mod:`tracekit.analysis.replay.sim` for
 the node types).
 
 Every function returns new lists and never mutates the ones it is given: programs and their
@@ -12,9 +12,9 @@ from bisect import bisect_left
 from operator import itemgetter
 
 from tracekit import semconv
-from tracekit.analysis._intervals import Interval, overlap
-from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, Node
 from tracekit.analysis.model import StageRecord
+from tracekit.analysis.replay.sim import DELAY, HOLD, LOOP, Node
+from tracekit.analysis.stats.intervals import Interval, overlap
 
 MS = 1e6
 TINY_MS = 0.001  # pieces and delays shorter than a microsecond are noise

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracekit.errors import ConfigurationError
-from tracekit.render._html_assets import CSS, JS_ERROR_HOOK, JS_INTERACTIVE
-from tracekit.render._html_charts import hatch_defs
-from tracekit.render._html_sections import (
+from tracekit.render.html.assets import CSS, JS_ERROR_HOOK, JS_INTERACTIVE
+from tracekit.render.html.charts import hatch_defs
+from tracekit.render.html.sections import (
     findings_section,
     header,
     routes_section,
@@ -33,8 +33,8 @@ from tracekit.render._html_sections import (
     stages_section,
     streaming_section,
 )
-from tracekit.render._html_timeline import loop_timeline
-from tracekit.render._html_util import clip, esc, items, mapping
+from tracekit.render.html.timeline import loop_timeline
+from tracekit.render.html.util import clip, esc, items, mapping
 
 __all__ = ["render_html"]
 

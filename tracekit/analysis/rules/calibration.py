@@ -1,10 +1,10 @@
-"""Measures the constants the rules' fixes use (:mod:`tracekit.analysis.rules._fixes`).
+"""Measures the constants the rules' fixes use (:mod:`tracekit.analysis.rules.fixes`).
 
 Reproduce (the figures and how they were taken are in ``docs/analyzer-rules.md``, "Measured
 constants")::
 
-    python -m tracekit.analysis._replay_calibration            # both measurements
-    python -m tracekit.analysis._replay_calibration tokenizers
+    python -m tracekit.analysis.rules.calibration            # both measurements
+    python -m tracekit.analysis.rules.calibration tokenizers
 
 - ``ORJSON_SPEEDUP``: ``json.dumps(payload).encode()`` time / ``orjson.dumps(payload)`` time
   on :func:`chat_completion_payload`, an OpenAI-style ``chat.completion`` response of
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from tracekit._percentile import percentile
-from tracekit.analysis.rules._fixes import ORJSON_SPEEDUP, TOKENIZERS_GIL
+from tracekit.analysis.rules.fixes import ORJSON_SPEEDUP, TOKENIZERS_GIL
 
 # Mostly ASCII, like an English answer, with a few non-ASCII words (json escapes them).
 _WORDS = (

@@ -1,4 +1,4 @@
-"""Turn one recorded request into a replay program (see :mod:`tracekit.analysis._replay_sim`).
+"""Turn one recorded request into a replay program (see :mod:`tracekit.analysis.replay.sim`).
 
 The recorded timeline of a request (or a stage) is cut into *gaps* and *clusters*: a cluster
 is a run of child stages whose intervals overlap (stages run by ``asyncio.gather``, or a
@@ -21,7 +21,7 @@ Stages that ran on a worker thread (``on_loop`` false) replay as a thread-pool s
 their recorded duration: their effect on the loop (GIL contention) is already in the loop
 slices recorded beside them. Spans without tracekit attributes are containers
 whose own time is a delay, unless they cover stages: then they are not nodes at all
-(:class:`~tracekit.analysis._intervals.StageTree`).
+(:class:`~tracekit.analysis.stats.intervals.StageTree`).
 
 Reuse across replays (:class:`ProgramMemo`): a node's *plan* (its gaps' nodes, its clusters'
 recorded arguments) does not depend on the fix, and neither does the finished program of a
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis._intervals import Interval, StageTree, has_components, merge, overlap, subtract
-from tracekit.analysis._replay_fixes import (
+from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.replay.fixes import (
     THREADS,
     Blocks,
     Fix,
@@ -45,8 +45,8 @@ from tracekit.analysis._replay_fixes import (
     targets,
     trim_before_outside_queues,
 )
-from tracekit.analysis._replay_memo import ROOT, Block, Plan, ProgramMemo, touched_nodes
-from tracekit.analysis._replay_nodes import (
+from tracekit.analysis.replay.memo import ROOT, Block, Plan, ProgramMemo, touched_nodes
+from tracekit.analysis.replay.nodes import (
     FOLLOW_NS,
     MS,
     TINY_MS,
@@ -61,8 +61,8 @@ from tracekit.analysis._replay_nodes import (
     resumptions,
     shrink_largest_delay,
 )
-from tracekit.analysis._replay_sim import DELAY, HOLD, LOOP, PAR, Node
-from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.replay.sim import DELAY, HOLD, LOOP, PAR, Node
+from tracekit.analysis.stats.intervals import Interval, StageTree, has_components, merge, overlap, subtract
 
 
 class ProgramBuilder:

@@ -3,7 +3,7 @@
 :func:`requests_of_trace` finds the request heads of a trace (each SERVER span, else the
 top-most spans) and walks each head's descendants down to, not into, the next SERVER span;
 :func:`stage_record` and :func:`request_record` decode the ``tracekit.*`` attributes into
-record fields. Assembly (:mod:`tracekit.analysis.assemble`) calls these when it flushes a
+record fields. Assembly (:mod:`tracekit.analysis.assembly.grouping`) calls these when it flushes a
 trace. Every span of the input passes through here once, so the common well-formed values
 are read inline and only unusual ones go through the helpers.
 """

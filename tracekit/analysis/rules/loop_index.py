@@ -15,9 +15,9 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tracekit.analysis._intervals import Interval, StageTree
-from tracekit.analysis.findings import RuleContext
 from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.rules.findings import RuleContext
+from tracekit.analysis.stats.intervals import Interval, StageTree
 
 _MS = 1e6
 #: Stage key for the request's own code (outside any stage).

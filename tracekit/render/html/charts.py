@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tracekit.render._html_util import (
+from tracekit.render.html.util import (
     COMPONENTS,
     clip,
     esc,

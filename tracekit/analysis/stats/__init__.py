@@ -1,0 +1,4 @@
+"""Statistics of a stream of requests in bounded memory: per-route and per-stage figures
+(``aggregate``, ``route_stats``), streaming percentiles (``quantiles``), interval arithmetic on a
+request's stage tree (``intervals``), and model calls read as customers of one server
+(``model_calls``)."""
