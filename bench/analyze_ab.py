@@ -6,7 +6,9 @@ both versions back to back (the order alternates from round to round, so a stead
 favours neither), and what is reported is the ratio within each round.
 
 The other version is a ``git worktree`` of ``--old`` (any revision) in a temporary folder,
-with its C helpers and mypyc modules built in place; the current checkout is the new one.
+with whatever it compiles (an older analyzer had C helpers and mypyc modules) built in place;
+the current checkout is the new one. ``--plain-python`` builds nothing and runs both with
+``TRACEKIT_PURE_PYTHON=1``: the code itself compared, as the analyzer runs now.
 Both produce the report of the same file, and the two reports must be identical (except for
 their ``source``): a speed-up that changes the result is not one.
 
@@ -14,6 +16,7 @@ Usage::
 
     python bench/analyze_ab.py --old HEAD~3 --file traces.jsonl [--rounds 3] [--workers N]
     python bench/analyze_ab.py --old HEAD~3 --spans 1000000   # generates the file first
+    python bench/analyze_ab.py --old main --file traces.jsonl --plain-python
 
 Prints each round's wall times and ratio (new / old) and the median ratio.
 """
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--spans", type=int, help="generate a file of this many spans")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, help="TRACEKIT_ANALYZE_WORKERS for both")
+    parser.add_argument("--plain-python", action="store_true",
+                        help="build nothing; TRACEKIT_PURE_PYTHON=1 for both")  # fmt: skip
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -53,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         old = tmp / "old"
         git("worktree", "add", "--detach", str(old), args.old)
         try:
-            build(old)
-            return compare(traces.resolve(), old, tmp, args.rounds, args.workers)
+            if not args.plain_python:
+                build(old)
+            return compare(traces.resolve(), old, tmp, args.rounds, args.workers, args.plain_python)
         finally:
             git("worktree", "remove", "--force", str(old))
 
@@ -82,9 +88,11 @@ def build(tree: Path) -> None:
               file=sys.stderr)  # fmt: skip
 
 
-def run(tree: Path, traces: Path, out: Path, workers: int | None) -> float:
+def run(tree: Path, traces: Path, out: Path, workers: int | None, plain: bool) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop("TRACEKIT_PURE_PYTHON", None)
+    if plain:
+        env["TRACEKIT_PURE_PYTHON"] = "1"
     if workers is not None:
         env["TRACEKIT_ANALYZE_WORKERS"] = str(workers)
     command = [sys.executable, "-m", "tracekit", "analyze", str(traces), "--format", "json",
@@ -95,12 +103,15 @@ def run(tree: Path, traces: Path, out: Path, workers: int | None) -> float:
     return time.perf_counter() - start
 
 
-def compare(traces: Path, old: Path, tmp: Path, rounds: int, workers: int | None) -> int:
+def compare(
+    traces: Path, old: Path, tmp: Path, rounds: int, workers: int | None, plain: bool
+) -> int:
     trees = {"old": old, "new": ROOT}
     ratios = []
     for i in range(rounds):
         order = ("old", "new") if i % 2 == 0 else ("new", "old")
-        times = {name: run(trees[name], traces, tmp / f"{name}.json", workers) for name in order}
+        times = {name: run(trees[name], traces, tmp / f"{name}.json", workers, plain)
+                 for name in order}  # fmt: skip
         ratios.append(times["new"] / times["old"])
         print(f"round {i + 1}: old {times['old']:.2f} s, new {times['new']:.2f} s, "
               f"new/old {ratios[-1]:.3f}")  # fmt: skip

@@ -1,6 +1,7 @@
 """Instructions of the analyzer's phases in one process, for callgrind (independent of load).
 
-Runs the reader, assembly and aggregation (and the report) on a trace file, up to a phase;
+Runs the pipeline of ``tracekit analyze`` in one process (reader, assembly, aggregation; then
+the report) on a trace file, up to a phase;
 each phase's instructions are its run's ``I refs`` less the previous phase's::
 
     head -n 200 traces.jsonl > part.jsonl     # 102,400 spans of bench/gen_traces.py output
@@ -13,17 +14,17 @@ each phase's instructions are its run's ``I refs`` less the previous phase's::
   parallel reader's worker);
 - the report on the sample (rules, replay, projections, JSON) = report - pipeline-unpacked.
 
-To compare two versions, run the same with ``PYTHONPATH`` set to a built worktree of the
-other (``git worktree add /tmp/old REV && cd /tmp/old && python setup.py build_ext
---inplace``) from a folder outside both checkouts.
+To compare two versions, run the same with ``PYTHONPATH`` set to a worktree of the other
+(``git worktree add /tmp/old REV``) from a folder outside both checkouts, with
+``TRACEKIT_PURE_PYTHON=1`` for the analyzer as it runs now (plain Python).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import sys
-from collections.abc import Iterator
 
 PHASES = ("imports", "pipeline", "pipeline-unpacked", "report")
 
@@ -34,26 +35,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upto", choices=PHASES, required=True)
     args = parser.parse_args(argv)
 
-    from tracekit.analysis._otlp_typed import typed_spans
-    from tracekit.analysis.assembly.grouping import assemble
-    from tracekit.analysis.model import Span
+    from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
     from tracekit.analysis.report import build_report
-    from tracekit.analysis.stats.aggregate import Aggregator
+    from tracekit.analysis.sources import read_spans
 
     gc.disable()  # as analyze() does
-
-    def spans() -> Iterator[Span]:
-        with open(args.file, "rb", buffering=4 * 2**20) as f:
-            for line in f:
-                yield from typed_spans(line) or ()
-
     if args.upto == "imports":
         return 0
-    agg = Aggregator(pack_sample=args.upto == "pipeline")
-    for request in assemble(spans()):
-        agg.add(request)
+    pipeline = Pipeline(Settings(), pack_sample=args.upto == "pipeline")
+    spans = iter(read_spans(args.file))
+    while batch := list(itertools.islice(spans, BATCH_SPANS)):
+        pipeline.add(batch)
+    pipeline.finish()
     if args.upto == "report":
-        build_report(agg, source=args.file, spans=0, services=[]).to_json()
+        build_report(pipeline.aggregator, source=args.file, spans=0, services=[]).to_json()
     return 0
 
 

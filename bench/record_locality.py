@@ -53,15 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "bench"))
     import gen_traces
 
-    from tracekit.analysis._otlp_typed import typed_spans
     from tracekit.analysis.assembly.request_records import request_record, stage_record
+    from tracekit.analysis.sources import read_spans
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "traces.jsonl"
         gen_traces.write_jsonl(path, args.spans)
         gc.disable()  # as the analyzer runs
-        with path.open("rb") as file:
-            spans = [span for line in file for span in typed_spans(line) or ()]
+        spans = list(read_spans(path))
     stages = [s for s in spans if s.kind != "server"]
     heads = [s for s in spans if s.kind == "server"]
     print(f"{len(spans):,} spans; microseconds per record: hot, recent, cold (cold/hot)")

@@ -6,10 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import gen_traces
-from tracekit.analysis import _otlp_typed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,15 +16,6 @@ def _run(*args: str) -> str:
                           timeout=240, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
-
-
-@pytest.mark.skipif(_otlp_typed.scan is None, reason="the C scanner is not built here")
-def test_line_scanner_times_both_readers() -> None:
-    out = _run("bench/line_scanner.py", "--spans", "3000", "--rounds", "1").splitlines()
-    assert out[0].endswith("CPU microseconds per span:")
-    figures = dict(line.split() for line in out[1:])
-    assert set(figures) == {"scan", "struct"} and all(float(v) > 0 for v in figures.values())
-    _run("bench/line_scanner.py", "--spans", "3000", "--reader", "scan")
 
 
 def test_analyzer_phases_runs_every_phase(tmp_path: Path) -> None:

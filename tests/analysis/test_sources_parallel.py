@@ -20,7 +20,6 @@ from tracekit import semconv
 from tracekit.analysis import _parallel, api
 from tracekit.analysis._parallel import Settings, analyze_plan, plan_file, worker_count
 from tracekit.analysis.assembly.grouping import assemble
-from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.slo import parse_slo
 from tracekit.analysis.sources import read_spans
 from tracekit.analysis.stats.aggregate import Aggregator
@@ -28,22 +27,23 @@ from tracekit.errors import ConfigurationError, TraceFormatError
 
 
 def one_pass(path: Path, settings: Settings) -> tuple[Aggregator, dict[str, Any]]:
-    """What the single pass (read_spans -> assemble -> Aggregator) finds in ``path``."""
+    """What one pass finds in ``path``, without the pipeline the workers share: read_spans ->
+    assemble -> Aggregator, counting spans and services and filtering routes here."""
     agg = Aggregator(slo=settings.slo, sample_size=settings.sample_size)
     stream = read_spans(path)
-    counter = api._SpanCounter()
+    spans = list(stream)
     matched: dict[str, None] = {}
-    for req in assemble(counter.count(stream), max_open_traces=settings.max_open_traces,
+    for req in assemble(spans, max_open_traces=settings.max_open_traces,
                         flush_after=settings.flush_after):  # fmt: skip
-        if settings.route is None or route_matches(req.route, settings.route):
+        if settings.route is None or settings.route in (req.route, req.route.partition(" ")[2]):
             matched[req.route] = None
             agg.add(req)
         else:
             agg.add(req, counted=False)
     stats = stream.stats
     return agg, {
-        "spans": counter.spans,
-        "services": sorted(counter.services),
+        "spans": len(spans),
+        "services": sorted({span.service for span in spans} - {""}),
         "matched": list(matched),
         "stats": (stats.format, stats.skipped, stats.truncated, stats.reasons),
     }

@@ -9,26 +9,19 @@ process (``ru_maxrss`` around the read), memory limits are real ones (``RLIMIT_A
 from __future__ import annotations
 
 import base64
-import json
 import os
 import random
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from tests.analysis.test_sources_fuzz import BASES, WRONG, dump, replaced
 from tests.helpers import ROOT, gen_traces
 from tracekit.analysis import sources
-from tracekit.analysis._jaeger_json import jaeger_spans
-from tracekit.analysis._otlp_json import otlp_spans
-from tracekit.analysis._source_common import ReadStats
-from tracekit.errors import TraceFormatError, TracekitError
 
 MB = 1_000_000
 
@@ -202,70 +195,3 @@ def test_orjson_out_of_memory_is_a_memory_error() -> None:
     )
     done = child(script)
     assert done.stdout == "MemoryError\n", done.stderr
-
-
-# --- the lazy reader is the generic reader --------------------------------------------------
-def generic(data: bytes) -> Any:
-    """What reading a one-document file gave when it was parsed whole: the spans, the skip
-    counts and reasons, or the error."""
-    stats = ReadStats()
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return "not JSON"
-    try:
-        family = sources._family(doc, "f")
-        spans = list((otlp_spans if family == "otlp" else jaeger_spans)(doc, stats, "f"))
-    except TracekitError as exc:
-        return str(exc)
-    return family, spans, stats
-
-
-def lazy(data: bytes) -> Any:
-    stats = ReadStats()
-    try:
-        family, spans = sources._whole(bytearray(data), "f", stats)
-        return family, list(spans), stats
-    except TraceFormatError as exc:
-        return "not JSON" if "f: not valid JSON" in str(exc) else str(exc)
-
-
-def same_as_generic(data: bytes) -> None:
-    assert lazy(data) == generic(data)
-
-
-@pytest.mark.parametrize(("make", "all_paths"), BASES, ids=["otlp", "jaeger"])
-def test_every_field_with_every_wrong_type(make: Callable[[], Any], all_paths: Any) -> None:
-    base = make()
-    same_as_generic(dump(base))
-    for path in all_paths:
-        same_as_generic(dump(replaced(base, path, None, delete=True)))
-        for value in WRONG:
-            same_as_generic(dump(replaced(base, path, value)))
-
-
-@pytest.mark.parametrize(
-    "doc",
-    [
-        {"result": BASES[0][0]()}, {"result": BASES[0][0](), "resourceSpans": None},
-        {"result": []}, {"resourceSpans": None}, {"resourceSpans": [None]},
-        {"resourceSpans": [{"scopeSpans": None, "instrumentationLibrarySpans": [{"spans": []}]}]},
-        {"resourceSpans": [{"instrumentationLibrarySpans": [{"spans": [1, None, "x"]}]}]},
-        {"resourceSpans": [{"resource": [], "scopeSpans": [{"spans": {}}]}]},
-        {"data": None, "errors": [{"msg": "x"}]}, {"data": [], "spans": []}, {"data": 5},
-        {"data": [{"spans": 7}]}, {"data": [None]}, [BASES[1][0]()["data"][0], 1], [], {},
-        {"error": {"message": "gone"}}, 42, "text", None,
-    ],
-)  # fmt: skip
-def test_documents_of_every_shape(doc: Any) -> None:
-    same_as_generic(json.dumps(doc).encode())
-
-
-def test_a_span_nested_too_deeply_for_orjson_fails_the_document_as_before() -> None:
-    # msgspec's own limit differs (Python's recursion limit; from 3.12 far above orjson's
-    # 1024 levels): whichever decodes the span, the document fails as parsed whole.
-    base = dump(BASES[0][0]())
-    for depth in (900, 1030, 5000):
-        data = base.replace(b'"kind": 1', b'"kind": 1, "zz": ' + b"[" * depth + b"]" * depth)
-        expected = generic(data)
-        assert lazy(data) == expected and (expected == "not JSON") == (depth > 1000)

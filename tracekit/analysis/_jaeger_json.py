@@ -3,12 +3,20 @@
 Shapes: the ``/api/traces`` envelope ``{"data": [trace, ...], "errors": ...}``, a bare trace
 ``{"traceID", "spans", "processes"}``, or an array of traces. Times are integer microseconds,
 ids are hex with leading zeros dropped, the kind and the error flag are tags.
+
+Traces are parsed with orjson into dicts, one at a time: :func:`jaeger_document` decodes a
+whole file (or a Jaeger API answer) only down to its list of traces (msgspec, each trace a
+view of the bytes), so that reading it costs about its size in memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+
+import msgspec
+import orjson
+from msgspec import UNSET, UnsetType
 
 from tracekit.analysis._source_common import (
     KIND_BY_NAME,
@@ -20,6 +28,7 @@ from tracekit.analysis._source_common import (
     ReadStats,
     check_times,
     clip,
+    loads,
     one_line,
     parent_id,
     short,
@@ -70,6 +79,65 @@ def jaeger_spans(doc: Any, stats: ReadStats, where: str) -> Iterator[Span]:
         traces, label = [doc], "trace"
     for t, trace in enumerate(traces):
         yield from _trace_spans(trace, stats, f"{where}: {label.format(t)}")
+
+
+# A Raw member's value when it is absent (one object: absence is an identity check).
+_ABSENT = msgspec.Raw(b"")
+
+
+class _JaegerDocument(msgspec.Struct, gc=False):
+    """Jaeger's ``{"data": [trace, ...]}`` down to its traces; the other members mark a
+    document of another shape."""
+
+    data: list[msgspec.Raw] | UnsetType | None = UNSET
+    spans: msgspec.Raw = _ABSENT
+    resourceSpans: msgspec.Raw = _ABSENT
+    result: msgspec.Raw = _ABSENT
+
+_DOCUMENT = msgspec.json.Decoder(_JaegerDocument | list[msgspec.Raw])
+
+
+def jaeger_document(data: bytes | bytearray, stats: ReadStats, where: str) -> Iterator[Span] | None:
+    """The spans of a Jaeger envelope or array of traces, each trace parsed when reached.
+
+    Args:
+        data: the document, its UTF-8 checked already (msgspec does not check what it skips).
+        stats: receives skip and truncation counts.
+        where: the document's place for messages.
+
+    Returns:
+        An iterator of spans in file order; ``None`` for a document of another shape (a bare
+        trace, one that also has OTLP members, a ``data`` that is not a list, not an object
+        or array), which :func:`jaeger_spans` reads parsed whole (or refuses).
+
+    Raises:
+        msgspec.DecodeError: ``data`` is not JSON (at once).
+        TraceFormatError: a trace is not JSON after all (while iterating: nested deeper than
+            orjson reads).
+    """
+    try:
+        doc = _DOCUMENT.decode(data)
+    except (msgspec.ValidationError, RecursionError):
+        return None
+    if isinstance(doc, list):
+        return _raw_traces(doc, "[{}]", stats, where)
+    if type(doc.data) is not list or any(
+        member is not _ABSENT for member in (doc.spans, doc.resourceSpans, doc.result)
+    ):
+        return None
+    return _raw_traces(doc.data, "data[{}]", stats, where)
+
+
+def _raw_traces(
+    traces: list[msgspec.Raw], label: str, stats: ReadStats, where: str
+) -> Iterator[Span]:
+    for t, raw in enumerate(traces):
+        at = label.format(t)
+        try:
+            trace = loads(memoryview(raw))
+        except orjson.JSONDecodeError as exc:  # a ValueError, which would skip a span instead
+            raise TraceFormatError(f"{where}: not valid JSON ({exc.msg} in {at})") from exc
+        yield from _trace_spans(trace, stats, f"{where}: {at}")
 
 
 def _trace_spans(trace: object, stats: ReadStats, where: str) -> Iterator[Span]:

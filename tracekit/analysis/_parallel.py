@@ -1,10 +1,10 @@
 """``tracekit analyze`` of a large OTLP JSON Lines file on every core: byte ranges, one process each.
 
-The file is cut at line starts into one byte range per worker process. Each worker
-(:mod:`tracekit.analysis._worker`) reads its range (the typed fast path,
-:mod:`tracekit.analysis._otlp_typed`), assembles and aggregates it, and the parent merges the
-aggregates (:meth:`Aggregator.merge`); ``tracekit.analyze`` then builds the report.
-The result is the one a single pass gives (a test compares whole reports):
+The file is cut at line starts into one byte range per worker process. Each worker reads its
+range with the readers' line loop (:func:`tracekit.analysis.sources.json_lines`) and runs the
+pipeline of the single pass on it (:class:`tracekit.analysis._pipeline.Pipeline`); the
+parent merges the aggregates (:meth:`Aggregator.merge`) and ``tracekit.analyze`` builds the
+report. The result is the one a single pass gives (a test compares whole reports):
 
 - Assembly decides from positions only (:mod:`tracekit.analysis.assembly.grouping`), and what happens
   to a trace before a boundary can matter for at most ``Window.reach`` spans after it. So
@@ -20,6 +20,11 @@ The result is the one a single pass gives (a test compares whole reports):
 Errors stay those of a single pass: the first failing range in file order raises its
 one-line error (line numbers are counted from the start of the file when a message needs one).
 
+Workers are fresh interpreters (``python -c``), not multiprocessing children: those would
+re-import the caller's main script, which a plain script calling ``tracekit.analyze`` does
+not guard. A worker inherits three descriptors: its connection to the parent, the pipe from
+the previous range's worker and the pipe to the next one's.
+
 Cost: one process start per worker (~0.2 s), the set-aside spans (at most ``reach`` spans,
 plus later spans of those traces) assembled after the range, the end state (the open
 traces, ~``flush_after`` spans) packed between neighbours, the statistics and a share of the
@@ -28,35 +33,39 @@ packed sample sent to the parent, where the sample is unpacked (~10 µs a reques
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import socket
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-import orjson
-
-from tracekit.analysis._otlp_json import is_otlp
+from tracekit.analysis._otlp_json import otlp_spans
+from tracekit.analysis._packing import pack
+from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis._source_common import ReadStats
-from tracekit.analysis.assembly.grouping import Group
-from tracekit.analysis.slo import SLO
+from tracekit.analysis.model import Span
+from tracekit.analysis.sources import _guard, json_lines
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import TracekitError
+
+__all__ = ["ENV_WORKERS", "Partial", "Plan", "Settings", "analyze_plan", "plan_file", "worker_count"]
 
 #: Smallest file and byte range read in parallel (smaller ones are not worth a process).
 MIN_RANGE_BYTES = 64 * 2**20
 #: Most worker processes.
 MAX_WORKERS = 16
-#: Spans read before assembling them: reading and assembling in long runs each is faster
-#: than alternating line by line (measured ~20%: their working sets stop evicting each other).
-BATCH_SPANS = 4096
 ENV_WORKERS = "TRACEKIT_ANALYZE_WORKERS"
-# The assembly state one range hands on to the next: open traces, remembered flushes.
-State = tuple[list[Group], dict[str, int]]
+# A worker's read buffer holds whole lines (~500 kB each from tracekit's exporter): reading
+# a line is then one copy, where the default 8 kB buffer gathers it piece by piece.
+_BUFFER_BYTES = 4 * 2**20
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -79,19 +88,6 @@ class Partial:
     matched: list[str]
     others: list[str]
     sample_keys: list[Any] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What every worker needs besides its range."""
-
-    slo: SLO | None
-    route: str | None
-    max_open_traces: int = 10_000
-    flush_after: int = 10_000
-    sample_size: int = 20_000
-    max_services: int = 1_000
-    routes_quoted: int = 10
 
 
 def worker_count(requested: int | None = None) -> int:
@@ -146,7 +142,7 @@ def plan_file(
             first = _first_line(file, size // count)
             if first is None or not _more_content(file, size // count):
                 return None
-            if not is_otlp(orjson.loads(first.removeprefix(b"\xef\xbb\xbf"))):
+            if otlp_spans(first.removeprefix(_BOM), ReadStats(), name) is None:
                 return None
             bounds = [0]
             for k in range(1, count):
@@ -156,8 +152,8 @@ def plan_file(
                 if bounds[-1] < at < size:
                     bounds.append(at)
             bounds.append(size)
-    except (OSError, ValueError, MemoryError):
-        return None
+    except (OSError, ValueError, MemoryError, RecursionError, TracekitError):
+        return None  # the single pass reports it, as it always does
     return Plan(path, name, tuple(bounds)) if len(bounds) > 2 else None
 
 
@@ -180,10 +176,6 @@ def _more_content(file: Any, limit: int) -> bool:
 
 def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
     """Run the workers of ``plan`` and merge what they found.
-
-    Workers are fresh interpreters (``python -c``), not multiprocessing children: those
-    would re-import the caller's main script, which a plain script calling
-    ``tracekit.analyze`` does not guard. They talk over inherited socket and pipe descriptors.
 
     Returns:
         The merged aggregator (with the sample) and the merged :class:`Partial` (counts,
@@ -246,7 +238,7 @@ def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
                 process.wait()
 
 
-_BOOT = "import sys; from tracekit.analysis._worker import worker_main; worker_main(sys.argv[1:])"
+_BOOT = "import sys; from tracekit.analysis._parallel import worker_main; worker_main(sys.argv[1:])"
 
 
 def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggregator, Partial]:
@@ -311,3 +303,131 @@ def file_path(source: Any) -> str | None:
         if "://" not in name and Path(name).is_file():
             return name
     return None
+
+
+# --- a worker --------------------------------------------------------------------------------
+def worker_main(argv: list[str]) -> None:
+    """Entry point of a worker process: ``PARENT_FD PREVIOUS_FD FOLLOWING_FD`` (-1: none)."""
+    parent_fd, previous_fd, following_fd = (int(arg) for arg in argv)
+    parent = Connection(parent_fd)
+    previous = Connection(previous_fd, writable=False) if previous_fd >= 0 else None
+    following = Connection(following_fd, readable=False) if following_fd >= 0 else None
+    plan, k, settings = parent.recv()
+    _work(plan, k, settings, previous, following, parent)
+
+
+def _work(
+    plan: Plan,
+    k: int,
+    settings: Settings,
+    previous: Connection | None,
+    following: Connection | None,
+    parent: Connection,
+) -> None:
+    # Read the range into the pipeline, take the previous range's end state, hand this
+    # one's on, and answer the parent.
+    import gc
+
+    gc.disable()  # as analyze() does: millions of acyclic objects, see api._gc_paused
+    pipeline = Pipeline(settings, pack_sample=True, continues=k > 0)
+    stats = ReadStats(format="otlp-jsonl")
+    handed_on = False
+    try:
+        _read(plan, k, pipeline, stats)
+        if following is None:
+            # The file ends with this range: its own traces are flushed now, which frees the
+            # window before the neighbour's state arrives (they never meet the set-aside ones).
+            pipeline.finish()
+        try:
+            state = previous.recv_bytes() if previous is not None else pack(([], {}))
+        except EOFError:
+            state = b""
+        if not state:  # the previous range failed: its error is the one reported
+            raise _Abandoned
+        pipeline.continue_from(state)
+        if following is not None:
+            handed_on = True
+            # A neighbour that failed has gone: its own error is what gets reported.
+            with contextlib.suppress(OSError):
+                following.send_bytes(pack(pipeline.end_state()))
+        else:
+            pipeline.finish()
+        kept = pipeline.aggregator.take_sample()
+        partial = Partial(
+            pipeline.aggregator, stats, pipeline.spans, list(pipeline.services),
+            list(pipeline.matched), list(pipeline.others), [key for key, _ in kept],
+        )  # fmt: skip
+        parent.send(("ok", partial))
+        cutoff = parent.recv()
+        parent.send(("sample", [packed for key, packed in kept if cutoff is None or key >= cutoff]))
+    except (EOFError, OSError) as exc:
+        # The parent stopped listening (another range failed): leave quietly. A file that
+        # cannot be read is a TracekitError by now (sources._guard), not an OSError.
+        _tell(parent, ("crash", f"{type(exc).__name__}: {exc}"))
+    except _Abandoned:
+        _tell(parent, ("abandoned", None))
+    except TracekitError as exc:
+        _tell(parent, ("error", exc))
+    except BaseException:
+        _tell(parent, ("crash", traceback.format_exc()))
+    finally:
+        if following is not None and not handed_on:
+            with contextlib.suppress(OSError):
+                following.send_bytes(b"")
+
+
+def _tell(connection: Connection, message: Any) -> None:
+    with contextlib.suppress(OSError):
+        connection.send(message)
+
+
+class _Abandoned(Exception):
+    pass
+
+
+def _read(plan: Plan, k: int, pipeline: Pipeline, stats: ReadStats) -> None:
+    # The range's lines through the readers' loop, into the pipeline in batches.
+    start, end = plan.bounds[k], plan.bounds[k + 1]
+    where = _LineNames(plan, start)
+    batch: list[Span] = []
+    with open(plan.path, "rb", buffering=_BUFFER_BYTES) as file:
+        for spans in _guard(json_lines(_range_lines(file, start, end), stats, where), plan.name):
+            batch += spans
+            if len(batch) >= BATCH_SPANS:
+                pipeline.add(batch)
+                batch = []
+    pipeline.add(batch)
+
+
+def _range_lines(file: IO[bytes], start: int, end: int) -> Iterator[bytes]:
+    # From a line start to the first line start at or past ``end``.
+    file.seek(start)
+    at = start
+    for line in file:
+        size = len(line)
+        yield line.removeprefix(_BOM) if at == 0 else line
+        at += size
+        if at >= end:
+            return
+
+
+class _LineNames:
+    """``NAME: line N`` for the line at an index of a range, for messages; N is counted from
+    the start of the file (the newlines before the range) the first time one is asked for."""
+
+    def __init__(self, plan: Plan, start: int) -> None:
+        self.plan = plan
+        self.start = start
+        self.first: int | None = None
+
+    def __call__(self, index: int) -> str:
+        if self.first is None:
+            newlines = 0
+            with open(self.plan.path, "rb") as file:
+                while file.tell() < self.start:
+                    chunk = file.read(min(2**22, self.start - file.tell()))
+                    if not chunk:
+                        break
+                    newlines += chunk.count(b"\n")
+            self.first = newlines + 1
+        return f"{self.plan.name}: line {self.first + index}"

@@ -7,12 +7,16 @@ Readers turn each malformed span into :class:`BadSpan` (or let a ``KeyError``/``
 
 from __future__ import annotations
 
+import codecs
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from tracekit.analysis.model import SPAN_KINDS
+from tracekit.errors import TraceFormatError
 
 #: String attribute values longer than this are cut (a prompt can be megabytes; the analyzer
 #: needs none of it, and assembly holds a window of spans in memory).
@@ -37,6 +41,8 @@ _ZEROS = {16: "0" * 16, 32: "0" * 32}
 TRACE_IDS: dict[object, str] = {}
 SPAN_IDS: dict[object, str] = {}
 _CACHE_MAX = 4096
+# UTF-8 is checked a MiB at a time, so that a large document is not copied into a str.
+_PIECE = 2**20
 
 
 class BadSpan(Exception):
@@ -160,3 +166,55 @@ def short(raw: object) -> str:
     """A short printable form of a raw value, for skip reasons."""
     text = repr(raw)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def utf8_error(data: bytes | bytearray | memoryview) -> int | None:
+    """The offset of the first byte of ``data`` that is not UTF-8, or ``None``.
+
+    msgspec does not check the UTF-8 of what it skips (unknown fields), so the readers check
+    it first. Cost: nothing for ASCII; else a decode, a MiB at a time (a document is never
+    copied into a str).
+    """
+    if not isinstance(data, memoryview) and data.isascii():
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    for at in range(0, len(view), _PIECE):
+        held = len(decoder.getstate()[0])  # the start of a character split by the cut
+        try:
+            decoder.decode(view[at : at + _PIECE], final=at + _PIECE >= len(view))
+        except UnicodeDecodeError as exc:
+            return at - held + exc.start
+    return None
+
+
+class NotJson(TraceFormatError):
+    """The data is not JSON at all (as opposed to JSON of the wrong shape)."""
+
+
+# msgspec's words for malformed JSON: "JSON is malformed: <reason> (byte <offset>)".
+_MALFORMED = re.compile(r"JSON is malformed: (.+) \(byte (\d+)\)")
+
+
+def not_json(
+    data: bytes | bytearray, where: str, exc: msgspec.DecodeError, *, line: bool = False
+) -> NotJson:
+    """msgspec's refusal of ``data`` as a one-line message: ``truncated JSON (ends after N
+    bytes)``, ``not valid JSON (invalid UTF-8 at byte N)``, ``not valid JSON (<reason> at
+    line L column C)``; for a JSON Lines ``line``, bytes and columns are the line's."""
+    of = " of the line" if line else ""
+    at = utf8_error(data)
+    if at is not None:
+        return NotJson(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
+    text = str(exc)
+    if text == "Input data was truncated":
+        return NotJson(f"{where}: truncated JSON (ends after {len(data)} bytes)")
+    found = _MALFORMED.fullmatch(text)
+    if found is None:
+        return NotJson(f"{where}: not valid JSON ({one_line(text, 120)})")
+    at = int(found[2])
+    if line:
+        return NotJson(f"{where}: not valid JSON ({found[1]} at column {at + 1})")
+    lineno = data.count(b"\n", 0, at) + 1
+    column = at - data.rfind(b"\n", 0, at)
+    return NotJson(f"{where}: not valid JSON ({found[1]} at line {lineno} column {column})")

@@ -1,19 +1,21 @@
 """``tracekit.analyze``: read traces, assemble requests, aggregate, run the rules, report.
 
-The whole pipeline streams (model.py): memory is bounded by the assembly window, the routes x
-stages statistics and the request sample, not by the number of spans read.
+The whole pipeline streams (:mod:`tracekit.analysis._pipeline`): memory is bounded by the
+assembly window, the routes x stages statistics and the request sample, not by the number of
+spans read. A large OTLP JSON Lines file runs the same pipeline in one worker process per
+byte range (:mod:`tracekit.analysis._parallel`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis._source_common import ReadStats
-from tracekit.analysis.assembly.grouping import assemble
-from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.model import Span
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
@@ -21,9 +23,7 @@ from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError
 
 #: Distinct service names listed in a report (hostile input could have millions).
-MAX_SERVICES = 1_000
-#: Route names quoted when a ``route`` filter matches nothing.
-_ROUTES_QUOTED = 10
+MAX_SERVICES = Settings.max_services
 
 
 def analyze(
@@ -79,7 +79,6 @@ def analyze(
         report = _analyze_in_parallel(source, route, targets)
         if report is not None:
             return report
-    counter = _SpanCounter()
     stream = read_spans(
         source,
         service=service,
@@ -89,9 +88,7 @@ def analyze(
         max_response_mb=max_response_mb,
     )
     try:
-        report = analyze_spans(
-            counter.count(stream), source=stream.source, route=route, slo=targets, counter=counter
-        )
+        report = analyze_spans(stream, source=stream.source, route=route, slo=targets)
     finally:
         stream.close()
     _warn(report, stream.stats)
@@ -123,27 +120,35 @@ def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Rep
         return None
     with _gc_paused():
         try:
-            agg, found = _parallel.analyze_plan(plan, _parallel.Settings(slo=slo, route=route))
+            agg, found = _parallel.analyze_plan(plan, Settings(slo=slo, route=route))
         except OSError:  # no worker process could be started here: one pass it is
             return None
-        _check_route(route, found.matched, found.others)
-        report = build_report(
-            agg,
-            source=path,
-            spans=found.spans,
-            services=sorted(found.services),
-            routes=found.matched if route is not None else None,
-        )
+        report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)
     _warn(report, found.stats)
     return report
 
 
-def _check_route(route: str | None, matched: Iterable[str], others: Iterable[str]) -> None:
-    others = list(others)
-    if route is not None and not any(True for _ in matched) and others:
+def _report(
+    agg: Aggregator,
+    source: str,
+    route: str | None,
+    spans: int,
+    services: Iterable[str],
+    matched: Iterable[str],
+    others: Iterable[str],
+) -> Report:
+    matched, others = list(matched), list(others)
+    if route is not None and not matched and others:
         raise ConfigurationError(
             f"no request has route {route!r}; routes seen include: {', '.join(others)}"
         )
+    return build_report(
+        agg,
+        source=source,
+        spans=spans,
+        services=sorted(services),
+        routes=matched if route is not None else None,
+    )
 
 
 def analyze_spans(
@@ -152,7 +157,6 @@ def analyze_spans(
     source: str = "memory",
     route: str | None = None,
     slo: SLO | None = None,
-    counter: _SpanCounter | None = None,
 ) -> Report:
     """The pipeline behind :func:`analyze`, from spans already read.
 
@@ -161,7 +165,6 @@ def analyze_spans(
         source: what was read, for the report.
         route: as in :func:`analyze`.
         slo: parsed targets.
-        counter: the counter wrapping ``spans`` (one is made when ``None``).
 
     Returns:
         The report.
@@ -169,11 +172,16 @@ def analyze_spans(
     Raises:
         ConfigurationError: ``route`` matched no request.
     """
-    if counter is None:
-        counter = _SpanCounter()
-        spans = counter.count(spans)
+    pipeline = Pipeline(Settings(slo=slo, route=route))
     with _gc_paused():
-        return _pipeline(spans, source, route, slo, counter)
+        iterator = iter(spans)
+        while batch := list(itertools.islice(iterator, BATCH_SPANS)):
+            pipeline.add(batch)
+        pipeline.finish()
+        return _report(
+            pipeline.aggregator, source, route, pipeline.spans, pipeline.services,
+            pipeline.matched, pipeline.others,
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -194,47 +202,3 @@ def _gc_paused() -> Iterator[None]:
             gc.freeze()
             gc.unfreeze()
             gc.enable()
-
-
-def _pipeline(
-    spans: Iterable[Span], source: str, route: str | None, slo: SLO | None, counter: _SpanCounter
-) -> Report:
-    agg = Aggregator(slo=slo)
-    matched: dict[str, None] = {}
-    others: dict[str, None] = {}
-    for req in assemble(spans):
-        if route is None or route_matches(req.route, route):
-            matched[req.route] = None
-            agg.add(req)
-        else:
-            if len(others) < _ROUTES_QUOTED:
-                others[req.route] = None
-            agg.add(req, counted=False)
-    _check_route(route, matched, others)
-    return build_report(
-        agg,
-        source=source,
-        spans=counter.spans,
-        services=sorted(counter.services),
-        routes=list(matched) if route is not None else None,
-    )
-
-
-class _SpanCounter:
-    """Counts spans and collects service names as they stream past."""
-
-    def __init__(self) -> None:
-        self.spans = 0
-        self.services: set[str] = set()
-
-    def count(self, spans: Iterable[Span]) -> Iterator[Span]:
-        services = self.services
-        n = 0
-        try:
-            for span in spans:
-                n += 1
-                if span.service and span.service not in services and len(services) < MAX_SERVICES:
-                    services.add(span.service)
-                yield span
-        finally:
-            self.spans += n

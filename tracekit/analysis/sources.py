@@ -11,14 +11,15 @@
 - an iterable of in-memory spans: OpenTelemetry SDK ``ReadableSpan`` objects (duck-typed,
   no OpenTelemetry import) or :class:`~tracekit.analysis.model.Span` objects (passed through).
 
-Files may be gzip-compressed. JSON Lines are parsed one line at a time, so memory does not
-grow with the file. A single JSON document is held whole as bytes, but only its containers
-are decoded up front (msgspec): each span (OTLP) or trace (Jaeger) is parsed when it is
-reached, so the memory is about the file's size. A last line cut short (no newline, not
-JSON: a file still being written) is skipped and counted (``stats.cut_tail_bytes``); a bad
-line anywhere else is an error. OTLP JSON Lines past the first line go through a typed fast
-path first (msgspec, :mod:`tracekit.analysis._otlp_typed`), which gives the same spans or
-declines the line.
+Files may be gzip-compressed. JSON Lines are read one line at a time (:func:`json_lines`,
+the loop the parallel reader's workers run too), so memory does not grow with the file. A
+single JSON document is held whole as bytes, but only its containers are decoded up front:
+each span (OTLP) or trace (Jaeger) is parsed when it is reached, so the memory is about the
+file's size. OTLP JSON is decoded by msgspec into typed structs
+(:mod:`tracekit.analysis._otlp_json`); Jaeger JSON is parsed by orjson into dicts
+(:mod:`tracekit.analysis._jaeger_json`). A last line cut short (no newline, not JSON: a file
+still being written) is skipped and counted (``stats.cut_tail_bytes``); a bad line anywhere
+else is an error.
 
 Errors: argument errors (:class:`ConfigurationError`) and a missing, unreadable or directory
 path (:class:`SourceNotFoundError`) raise when ``read_spans`` is called; everything else
@@ -32,10 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import os
 import stat
 import zlib
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -43,12 +45,18 @@ import msgspec
 import orjson
 
 from tracekit.analysis._jaeger_api import fetch, is_url, limits, query_url
-from tracekit.analysis._jaeger_json import is_jaeger, jaeger_spans
-from tracekit.analysis._otlp_json import is_otlp, otlp_spans
-from tracekit.analysis._otlp_typed import typed_spans
+from tracekit.analysis._jaeger_json import is_jaeger, jaeger_document, jaeger_spans
+from tracekit.analysis._otlp_json import line_spans, otlp_spans
 from tracekit.analysis._sdk_spans import memory_spans
-from tracekit.analysis._source_common import SPAN_ERRORS, ReadStats, loads, one_line
-from tracekit.analysis._whole_document import jaeger_document, not_json, otlp_document, utf8_error
+from tracekit.analysis._source_common import (
+    SPAN_ERRORS,
+    NotJson,
+    ReadStats,
+    loads,
+    not_json,
+    one_line,
+    utf8_error,
+)
 from tracekit.analysis.model import Span
 from tracekit.errors import (
     ConfigurationError,
@@ -67,6 +75,11 @@ _BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
 # A possibly long first line is read a MiB at a time.
 _PIECE = 2**20
+# A single document's spans are handed on in runs of this many.
+_RUN = 4096
+# Decodes any JSON value to a view of it: checks the JSON, builds nothing.
+_JSON_VALUE = msgspec.json.Decoder(msgspec.Raw)
+_TRUNCATED = "Input data was truncated"
 
 
 class SpanStream(Iterator[Span]):
@@ -121,8 +134,8 @@ def read_spans(
 
     Returns:
         A :class:`SpanStream`: an iterator of :class:`Span` with ``.stats`` and ``.source``.
-        Cost: on OTLP JSON Lines, a msgspec decode plus the conversion to :class:`Span`
-        (~20 µs a span on the benchmark machine, docs/performance-analyzer.md); otherwise one
+        Cost: on OTLP JSON, a msgspec decode plus the conversion to :class:`Span` (~10 µs
+        a span on the benchmark machine, docs/performance-analyzer.md); on Jaeger JSON, an
         orjson parse plus the conversion.
 
     Raises:
@@ -144,7 +157,7 @@ def read_spans(
             return SpanStream(_guard(spans, url), name, stats)
         _reject_query_options(service, lookback, limit, timeout, max_response_mb)
         path = _readable(name)
-        return SpanStream(_guard(_file_spans(path, name, stats), name), name, stats)
+        return SpanStream(_flat(_guard(_file_chunks(path, name, stats), name)), name, stats)
     if isinstance(source, bytearray | Mapping) or not isinstance(source, Iterable):
         raise ConfigurationError(
             f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
@@ -168,15 +181,13 @@ def detect_format(path: str | bytes | os.PathLike[str]) -> str:
         SourceNotFoundError / TraceFormatError: as :func:`read_spans`.
     """
     name = os.fsdecode(path)
-    documents = _guard(_documents(_readable(name), name, ReadStats()), name)
+    stats = ReadStats()
+    chunks = _guard(_file_chunks(_readable(name), name, stats), name)
     try:
-        for where, doc, lines in documents:
-            if type(doc) is _Whole:
-                return f"{_whole(doc.data, where, ReadStats())[0]}-json"
-            return f"{_family(doc, where)}-json{'l' if lines else ''}"
+        next(chunks, None)  # the first document (or line) gives the format
     finally:
-        documents.close()
-    raise TraceFormatError(f"{name}: empty file")  # pragma: no cover - _documents raises first
+        chunks.close()
+    return stats.format
 
 
 def _reject_query_options(
@@ -251,38 +262,145 @@ def _api_spans(url: str, stats: ReadStats, timeout: float, max_bytes: int) -> It
     body = fetch(url, timeout, max_bytes)
     stats.format = "jaeger-api"
     _check_utf8(body, url)
-    spans = jaeger_document(body, stats, url)
+    try:
+        spans = jaeger_document(body, stats, url)
+    except msgspec.DecodeError as exc:
+        raise not_json(body, url, exc) from None
     yield from spans if spans is not None else jaeger_spans(_parse(body, url, whole=True), stats, url)
 
 
-def _file_spans(path: Path, name: str, stats: ReadStats) -> Iterator[Span]:
-    for where, doc, lines in _documents(path, name, stats):
-        if type(doc) is _Whole:
-            family, whole = _whole(doc.data, where, stats)
-            stats.format = f"{family}-json"
-            yield from whole
+def _flat(chunks: Iterator[list[Span]]) -> Iterator[Span]:
+    try:
+        for chunk in chunks:
+            yield from chunk
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
+
+
+# --- reading a file -------------------------------------------------------------------------
+def _file_chunks(path: Path, name: str, stats: ReadStats) -> Iterator[list[Span]]:
+    """The spans of a trace file, in lists (a JSON Lines line's, or a run of a document's).
+
+    A file whose first non-blank line is a complete JSON value followed by more content is
+    JSON Lines (:func:`json_lines`). Anything else is one document (pretty-printed JSON, or a
+    single line), held whole as bytes (:func:`_document`).
+    """
+    regular = stat.S_ISREG(path.stat().st_mode)  # a pipe cannot seek back
+    with _open(path) as file:
+        lineno, first = _first_content(file)
+        if not first:
+            raise TraceFormatError(f"{name}: empty file")
+        if first.startswith(_BOM):
+            del first[: len(_BOM)]
+        second_no, second = _next_content(file, lineno)
+        if not second:
+            yield from _document(first, name, stats)
             return
-        if type(doc) is bytes:
-            # A JSON Lines line past the first: the typed fast path, else the generic one.
-            spans = typed_spans(doc)
-            if spans is not None:
-                yield from spans
-                continue
-            doc = _parse(doc, where)
-        family = _family(doc, where)
-        if not stats.format:
-            stats.format = f"{family}-json{'l' if lines else ''}"
-        if family == "otlp":
-            yield from otlp_spans(doc, stats, where)
-        else:
-            yield from jaeger_spans(doc, stats, where)
+        try:
+            _JSON_VALUE.decode(first)  # checks the JSON, builds nothing
+        except msgspec.DecodeError as exc:
+            if str(exc) != _TRUNCATED:
+                # The first line is wrong in itself, so is any document it starts: say so
+                # now rather than read the rest (200 MB of garbage need not be held).
+                raise not_json(first, f"{name}: line {lineno}", exc, line=True) from None
+            # One document over several lines (pretty-printed), read whole. From a pipe, the
+            # lines read so far are put back in front instead.
+            if regular:
+                file.seek(0)
+                data = file.read().removeprefix(_BOM)
+            else:
+                gap = b"\n" * (second_no - lineno - 1)
+                data = b"\n" * (lineno - 1) + first + gap + second + file.read()
+            yield from _document(data, name, stats)
+            return
+        # The lines read so far go first, blank ones included, so that lines are numbered.
+        lines: Iterator[bytes | bytearray] = itertools.chain(
+            [b"\n"] * (lineno - 1), [first], [b"\n"] * (second_no - lineno - 1), [second], file
+        )
+        yield from json_lines(lines, stats, lambda index: f"{name}: line {index + 1}")
 
 
-def _family(doc: Any, where: str) -> str:
-    if is_otlp(doc):
-        return "otlp"
+def json_lines(
+    lines: Iterable[bytes | bytearray], stats: ReadStats, where: Callable[[int], str]
+) -> Iterator[list[Span]]:
+    """The spans of each line of a JSON Lines file of OTLP or Jaeger JSON, a list per line.
+
+    The one loop over JSON Lines: the single pass runs it on a whole file, each worker of the
+    parallel reader (:mod:`tracekit.analysis._parallel`) on its byte range. A line goes
+    through the OTLP decoder's fast path (:func:`~tracekit.analysis._otlp_json.line_spans`),
+    else is read span by span (:func:`_line`). A last line cut short (no newline, not JSON:
+    a file still being written) ends the loop and is counted in ``stats.cut_tail_bytes``;
+    a line that is not JSON anywhere else is an error.
+
+    Args:
+        lines: the lines, each with its newline, from the start of the file or of a range.
+        stats: receives the format (if not set yet), skip and cut counts.
+        where: the place of the line at an index of ``lines``, for messages (called only
+            for a line that needs one).
+
+    Raises:
+        TraceFormatError: a line that is not JSON, or not a trace document.
+    """
+    for index, line in enumerate(lines):
+        if line.isspace():
+            continue
+        spans = line_spans(line, stats)
+        if spans is None:
+            try:
+                spans = _line(line, where(index), stats)
+            except NotJson:
+                if line.endswith(b"\n"):
+                    raise
+                stats.cut_tail_bytes = len(line)
+                return
+        elif not stats.format:
+            stats.format = "otlp-jsonl"
+        yield spans
+
+
+def _line(line: bytes | bytearray, where: str, stats: ReadStats) -> list[Span]:
+    # A line the fast path declined: OTLP read span by span, else Jaeger JSON, else an error.
+    _check_utf8(line, where, " of the line")
+    try:
+        spans = otlp_spans(line, stats, where)
+    except msgspec.DecodeError as exc:
+        raise not_json(line, where, exc, line=True) from None
+    family = "otlp"
+    if spans is None:
+        family = "jaeger"
+        spans = jaeger_spans(_jaeger(_parse(line, where), where), stats, where)
+    if not stats.format:
+        stats.format = f"{family}-jsonl"
+    return list(spans)
+
+
+def _document(data: bytes | bytearray, where: str, stats: ReadStats) -> Iterator[list[Span]]:
+    """The spans of a file that is one JSON document, in runs of ``_RUN`` spans.
+
+    Read in about the document's size of memory: only its containers are decoded up front,
+    each span (OTLP) or trace (Jaeger) when it is reached. Documents of other shapes, which
+    are errors or tiny (a bare Jaeger trace, an API error), are parsed whole.
+    """
+    _check_utf8(data, where)
+    try:
+        family, spans = "otlp", otlp_spans(data, stats, where)
+        if spans is None:
+            family, spans = "jaeger", jaeger_document(data, stats, where)
+    except msgspec.DecodeError as exc:  # not JSON (a wrong shape is not an error here)
+        raise not_json(data, where, exc) from None
+    if spans is None:
+        spans = jaeger_spans(_jaeger(_parse(data, where, whole=True), where), stats, where)
+    stats.format = f"{family}-json"
+    yield []  # the format is known (detect_format stops here)
+    while chunk := list(itertools.islice(spans, _RUN)):
+        yield chunk
+
+
+def _jaeger(doc: Any, where: str) -> Any:
+    # A parsed document that is not OTLP (the OTLP decoder said so): Jaeger JSON, or an error
+    # saying what it is.
     if is_jaeger(doc):
-        return "jaeger"
+        return doc
     if type(doc) is dict and type(doc.get("error")) is dict:
         # Jaeger API v3 streams {"error": {"httpCode", "message"}} in place of a result.
         message = one_line(str(doc["error"].get("message", doc["error"])), 160)
@@ -297,100 +415,11 @@ def _describe(doc: Any) -> str:
     return f"a JSON {type(doc).__name__}"
 
 
-# --- a file that is one JSON document -------------------------------------------------------
-class _Whole:
-    """A file that is one JSON document, as bytes (see :func:`_whole`)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes | bytearray) -> None:
-        self.data = data
-
-
-def _whole(data: bytes | bytearray, where: str, stats: ReadStats) -> tuple[str, Iterator[Span]]:
-    """The family (``"otlp"`` / ``"jaeger"``) of a one-document file, and its spans.
-
-    Read in about the document's size of memory (:mod:`._whole_document`); documents of
-    other shapes, which are errors or tiny, are parsed whole by the generic readers.
-    """
-    _check_utf8(data, where)
-    try:
-        spans = otlp_document(data, stats, where)
-        if spans is not None:
-            return "otlp", spans
-        spans = jaeger_document(data, stats, where)
-        if spans is not None:
-            return "jaeger", spans
-    except msgspec.DecodeError as exc:  # not JSON (a wrong shape is None, not an error)
-        raise not_json(data, where, exc) from None
-    doc = _parse(data, where, whole=True)
-    family = _family(doc, where)
-    return family, (otlp_spans if family == "otlp" else jaeger_spans)(doc, stats, where)
-
-
-def _check_utf8(data: bytes | bytearray, where: str) -> None:
-    # msgspec does not check the UTF-8 of what it skips; orjson would, for the whole file.
+def _check_utf8(data: bytes | bytearray, where: str, of: str = "") -> None:
+    # msgspec does not check the UTF-8 of what it skips.
     at = utf8_error(data)
     if at is not None:
-        raise TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1})")
-
-
-# --- reading a file -------------------------------------------------------------------------
-def _documents(path: Path, name: str, stats: ReadStats) -> Iterator[tuple[str, Any, bool]]:
-    """Yield ``(where, document, is_json_lines)`` for each JSON document in the file.
-
-    A file whose first non-blank line is a complete JSON value followed by more content is
-    JSON Lines: its first line is yielded parsed, the others as bytes. Anything else is one
-    document (pretty-printed JSON, or a single line), yielded as a :class:`_Whole`.
-    """
-    regular = stat.S_ISREG(path.stat().st_mode)  # a pipe cannot seek back
-    with _open(path) as file:
-        lineno, first = _first_content(file)
-        if not first:
-            raise TraceFormatError(f"{name}: empty file")
-        if first.startswith(_BOM):
-            del first[: len(_BOM)]
-        second_no, second = _next_content(file, lineno)
-        if not second:
-            yield name, _Whole(first), False
-            return
-        try:
-            doc = loads(first)
-        except orjson.JSONDecodeError as exc:
-            if exc.msg != _END_OF_DATA:
-                # The first line is wrong in itself, so is any document it starts: say so
-                # now rather than read the rest (200 MB of garbage need not be held).
-                raise _line_error(first, f"{name}: line {lineno}", exc) from exc
-            # One document over several lines (pretty-printed), read whole. From a pipe, the
-            # lines read so far are put back in front instead.
-            if regular:
-                file.seek(0)
-                data = file.read().removeprefix(_BOM)
-            else:
-                gap = b"\n" * (second_no - lineno - 1)
-                data = b"\n" * (lineno - 1) + first + gap + second + file.read()
-            yield name, _Whole(data), False
-            return
-        yield f"{name}: line {lineno}", doc, True
-        while second:
-            if _is_cut_short(second):
-                stats.cut_tail_bytes = len(second)
-                return
-            yield f"{name}: line {second_no}", second, True
-            second_no, second = _next_content(file, second_no)
-
-
-def _is_cut_short(line: bytes) -> bool:
-    """Whether ``line``, read from a JSON Lines file, is its last line cut short: no
-    newline, and not JSON. A writer still writing the file leaves one; anywhere else a
-    line that is not JSON is an error. (One more parse, of the last line only.)"""
-    if line.endswith(b"\n"):
-        return False
-    try:
-        loads(line)
-    except orjson.JSONDecodeError:
-        return True
-    return False
+        raise NotJson(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
 
 
 @contextlib.contextmanager
@@ -429,39 +458,27 @@ def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
             return lineno, line
 
 
-_END_OF_DATA = "unexpected end of data"
-
-
 def _parse(data: bytes | bytearray | memoryview, where: str, *, whole: bool = False) -> Any:
+    # Jaeger JSON, and documents of other shapes, as dicts (orjson).
     try:
         return loads(data)
     except orjson.JSONDecodeError as exc:
-        if whole:
-            raise _document_error(data, where, exc) from exc
-        raise _line_error(data, where, exc) from exc
+        raise _parse_error(data, where, exc, whole) from exc
 
 
-def _line_error(
-    data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError
+def _parse_error(
+    data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError, whole: bool
 ) -> TraceFormatError:
-    if exc.msg == _END_OF_DATA:
+    if exc.msg == "unexpected end of data":
         return TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)")
-    at = utf8_error(data)
-    if at is not None:  # orjson's words for it ("surrogates not allowed") say nothing useful
-        return TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1} of the line)")
-    return TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
-
-
-def _document_error(
-    data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError
-) -> TraceFormatError:
-    if exc.msg == _END_OF_DATA:
-        return TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)")
-    if exc.msg == "Input is a zero-length, empty document":
+    if whole and exc.msg == "Input is a zero-length, empty document":
         return TraceFormatError(f"{where}: empty file")
     at = utf8_error(data)
-    if at is not None:
-        return TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1})")
-    return TraceFormatError(
-        f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    )
+    if at is not None:  # orjson's words for it ("surrogates not allowed") say nothing useful
+        of = "" if whole else " of the line"
+        return TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
+    if whole:
+        return TraceFormatError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        )
+    return TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
