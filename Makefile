@@ -25,7 +25,7 @@ endif
 # The editable install itself compiles nothing (TRACEKIT_PURE_PYTHON=1 for pip): the
 # compiled build is its own step below, so that each step can say what it does.
 $(INSTALLED): pyproject.toml constraints.txt constraints-py310.txt setup.py
-	@echo "== installing tracekit, the demo's dependencies and mypy (the compiler) into $(VENV) (first run only, ~30-60 s)"
+	@echo "== installing tracekit, the demo's dependencies and mypy (the compiler) into $(VENV) (first run only, ~30 s)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) -q setuptools  # to build tracekit's editable install
 	TRACEKIT_PURE_PYTHON=1 $(PIP) -e '.[demo,compile]'
@@ -37,10 +37,12 @@ $(INSTALLED_DEV): $(INSTALLED)
 	touch $@
 
 $(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
-	@echo "== compiling the request path ($(words $(COMPILED_MODULES)) modules) with mypyc, and the watchdog's C poll:"
-	@echo "   after a fresh clone or an edit of them, ~30-60 s; TRACEKIT_PURE_PYTHON=1 make ... skips it"
+	@echo "== compiling the request path ($(words $(COMPILED_MODULES)) modules) with mypyc, and the watchdog's C poll"
+	@echo "   (after a fresh clone or an edit of them, ~30 s; TRACEKIT_PURE_PYTHON=1 make ... skips it)"
 	find tracekit -name '*.so' -delete; rm -f *__mypyc*.so  # no module left from an earlier list
-	$(BIN)/python setup.py build_ext --inplace
+	@# gcc says nothing while it compiles mypyc's one library (~10-15 s): a line every 5 s
+	(while sleep 5; do echo "   ... still compiling"; done) & ticker=$$!; \
+	PYTHONUNBUFFERED=1 $(BIN)/python setup.py build_ext --inplace; built=$$?; kill $$ticker; exit $$built
 	touch $@
 
 build: $(COMPILED)  ## (re)compile the request path after editing it (make demo and make test do too)

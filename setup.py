@@ -9,6 +9,7 @@ tracekit installs as plain Python.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -40,6 +41,9 @@ def mypyc_modules() -> list[Extension]:
     except (Exception, SystemExit) as exc:  # mypyc missing or failing: plain Python
         print(f"setup.py: not compiling tracekit's request path ({exc!r})", file=sys.stderr)
         return []
+    # mypy's objects are garbage once the C is written: keep them out of the collector's
+    # passes, above all the full one at exit (4-5 s of CPU, a third of a rebuild).
+    gc.freeze()
     for extension in extensions:
         extension.optional = True  # no C compiler: build_ext skips it, tracekit stays Python
     return list(extensions)
