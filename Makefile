@@ -22,19 +22,22 @@ endif
 
 .PHONY: demo test lint bench build clean
 
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(PIP) -q setuptools  # to build tracekit's editable install (no build isolation: one venv)
+
 # The editable install itself compiles nothing (TRACEKIT_PURE_PYTHON=1 for pip): the
 # compiled build is its own step below, so that each step can say what it does.
-$(INSTALLED): pyproject.toml constraints.txt constraints-py310.txt setup.py
+$(INSTALLED): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(BIN)/python
 	@echo "== installing tracekit, the demo's dependencies and mypy (the compiler) into $(VENV) (first run only, ~30 s)"
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) -q setuptools  # to build tracekit's editable install
 	TRACEKIT_PURE_PYTHON=1 $(PIP) -e '.[demo,compile]'
 	touch $@
 
-$(INSTALLED_DEV): $(INSTALLED)
-	@echo "== installing the test and lint tools into $(VENV) (first run only, ~30 s)"
+# dev holds demo and compile: one pip run serves both stamps.
+$(INSTALLED_DEV): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(BIN)/python
+	@echo "== installing tracekit, its test and lint tools, the demo's dependencies and mypy into $(VENV) (first run only, ~40 s)"
 	TRACEKIT_PURE_PYTHON=1 $(PIP) -e '.[dev]'
-	touch $@
+	touch $@ $(INSTALLED)
 
 $(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
 	@echo "== compiling the request path ($(words $(COMPILED_MODULES)) modules) with mypyc, and the watchdog's C poll"

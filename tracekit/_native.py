@@ -16,8 +16,9 @@ imported instead (``prefer_source``) when
   the watchdog's C poll is not used either), or
 - a compiled module fails to load (built for another tracekit or mypyc): logged once.
 
-``TRACEKIT_REQUIRE_COMPILED=1`` makes ``import tracekit`` fail unless the compiled modules are
-the ones in use: ``make test`` sets it, so that a missing or broken build cannot pass as one.
+``TRACEKIT_REQUIRE_COMPILED=1`` makes ``import tracekit`` fail where the compiled modules are
+missing or fail to load, unless ``TRACEKIT_PURE_PYTHON`` asks for the sources: ``make test``
+sets it, so that a missing or broken build cannot pass as the compiled one.
 
 Writing for the compiler: module-level constants of the compiled modules are ``Final`` (C
 variables instead of module-dict look-ups) and their classes declare every attribute (C
@@ -68,18 +69,19 @@ def load() -> None:
             logging.getLogger("tracekit").warning(
                 "tracekit: running as plain Python: its compiled modules failed to load (%s)", exc
             )
-    if _flag("TRACEKIT_REQUIRE_COMPILED") and not compiled():
-        raise ImportError("tracekit: TRACEKIT_REQUIRE_COMPILED is set but the compiled request "
-                          "path is not in use (make build; unset TRACEKIT_PURE_PYTHON)")  # fmt: skip
+        if _flag("TRACEKIT_REQUIRE_COMPILED") and not compiled():
+            raise ImportError("tracekit: TRACEKIT_REQUIRE_COMPILED is set but the compiled "
+                              "request path is not built (make build)")  # fmt: skip
 
 
 def compiled() -> bool:
-    """Whether the compiled modules are the ones in use (all of them)."""
-    return all(_is_extension(importlib.import_module(name)) for name in COMPILED)
-
-
-def _is_extension(module: ModuleType) -> bool:
-    return isinstance(getattr(module.__spec__, "loader", None), importlib.machinery.ExtensionFileLoader)
+    """Whether the compiled modules are the ones in use (all of them; none is imported)."""
+    for name in COMPILED:
+        module = sys.modules.get(name)
+        spec = module.__spec__ if module is not None else importlib.util.find_spec(name)
+        if not isinstance(getattr(spec, "loader", None), importlib.machinery.ExtensionFileLoader):
+            return False
+    return True
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):

@@ -40,10 +40,26 @@ def test_compiled_modules_that_fail_to_load_leave_their_sources_in_use() -> None
     assert "ImportError: tracekit: its compiled modules failed to load" in required.stderr
 
 
-def test_require_compiled_refuses_the_plain_python_build() -> None:
-    run = _python("import tracekit", TRACEKIT_PURE_PYTHON="1", TRACEKIT_REQUIRE_COMPILED="1")
-    assert run.returncode != 0
-    assert "TRACEKIT_REQUIRE_COMPILED is set but the compiled request path is not in use" in run.stderr
+def test_an_unbuilt_checkout_runs_its_sources_and_require_compiled_refuses_it() -> None:
+    # tracekit's directory as if nothing in it were compiled: its finder sees sources only.
+    unbuilt = (
+        "import importlib.machinery as m, importlib.util, os, sys; "
+        "d = os.path.dirname(importlib.util.find_spec('tracekit').origin); "
+        "sys.path_importer_cache[d] = m.FileFinder(d, (m.SourceFileLoader, m.SOURCE_SUFFIXES)); "
+    )
+    run = _python(unbuilt + REPORT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"] and run.stderr == ""  # nothing failed to load
+    required = _python(unbuilt + "import tracekit", TRACEKIT_REQUIRE_COMPILED="1")
+    assert required.returncode != 0
+    assert "TRACEKIT_REQUIRE_COMPILED is set but the compiled request path is not built" in (
+        required.stderr)  # fmt: skip
+
+
+def test_pure_python_is_a_choice_require_compiled_lets_pass() -> None:
+    run = _python(REPORT, TRACEKIT_PURE_PYTHON="1", TRACEKIT_REQUIRE_COMPILED="1")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"]
 
 
 def test_no_analyzer_module_is_compiled() -> None:
