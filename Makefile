@@ -2,45 +2,82 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
-NATIVE := $(VENV)/.compiled
-# The modules mypyc compiles (tracekit/_native.py's COMPILED) and the C helpers: rebuilt when one changes.
-NATIVE_SOURCES := $(patsubst %,tracekit/%.py,$(shell sed -n '/^COMPILED = (/,/^)/p' tracekit/_native.py | grep -o '"[a-z_.]*"' | tr -d '"' | tr . /)) tracekit/_core/_slicewatch.c tracekit/analysis/_otlp_attributes.c tracekit/analysis/_otlp_scan.c
+# Pins: constraints.txt; on Python 3.10, constraints-py310.txt (some pins need 3.11).
+PIP = $(BIN)/python -m pip install --no-build-isolation \
+	-c "$$($(BIN)/python -c 'import sys; print("constraints-py310.txt" if sys.version_info < (3, 11) else "constraints.txt")')"
+INSTALLED := $(VENV)/.installed
+INSTALLED_DEV := $(VENV)/.installed-dev
+COMPILED := $(VENV)/.compiled
+# What the compiled build is made from: the modules in tracekit/_compiled_modules.txt (the one
+# list: setup.py and tracekit/_native.py read it too) and the watchdog's C poll.
+COMPILED_MODULES := $(shell cat tracekit/_compiled_modules.txt)
+COMPILED_SOURCES := $(patsubst %,%.py,$(subst .,/,$(COMPILED_MODULES))) tracekit/_core/_slicewatch.c \
+	tracekit/_compiled_modules.txt setup.py
+# TRACEKIT_PURE_PYTHON=1 make ...: no compiling; tracekit runs as plain Python.
+ifeq ($(filter-out 0,$(strip $(TRACEKIT_PURE_PYTHON))),)
+BUILT := $(COMPILED)
+else
+BUILT :=
+endif
 
 .PHONY: demo test lint bench build clean
 
-# The editable install compiles the hot path in place (setup.py) with the pinned mypyc.
-# Pins: constraints.txt; on Python 3.10, constraints-py310.txt (some pins need 3.11).
-$(STAMP): pyproject.toml constraints.txt constraints-py310.txt setup.py
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c "$$($(BIN)/python -c 'import sys; print("constraints-py310.txt" if sys.version_info < (3, 11) else "constraints.txt")')" -e '.[dev]'
-	touch $(STAMP) $(NATIVE)
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(PIP) -q setuptools  # to build tracekit's editable install (no build isolation: one venv)
 
-# (The install above compiles too and touches the stamp: a fresh clone compiles once.)
-$(NATIVE): $(NATIVE_SOURCES) | $(STAMP)
-	@if [ -e $(NATIVE) ] && [ -z "$$(find $(NATIVE_SOURCES) -newer $(NATIVE))" ]; then :; \
-	else echo "compiling the request path (mypyc)"; $(BIN)/python setup.py -q build_ext --inplace; fi
-	touch $(NATIVE)
+# The editable install itself compiles nothing (TRACEKIT_PURE_PYTHON=1 for pip): the
+# compiled build is its own step below, so that each step can say what it does.
+$(INSTALLED): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(BIN)/python
+	@echo "== installing tracekit, the demo's dependencies and mypy (the compiler) into $(VENV) (first run only, ~30 s)"
+	TRACEKIT_PURE_PYTHON=1 $(PIP) -e '.[demo,compile]'
+	touch $@
 
-build: $(NATIVE)  ## (re)compile the hot path after editing it
+# dev holds demo and compile: one pip run serves both stamps.
+$(INSTALLED_DEV): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(BIN)/python
+	@echo "== installing tracekit, its test and lint tools, the demo's dependencies and mypy into $(VENV) (first run only, ~40 s)"
+	TRACEKIT_PURE_PYTHON=1 $(PIP) -e '.[dev]'
+	touch $@ $(INSTALLED)
 
-demo: $(NATIVE)
+$(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
+	@echo "== compiling the request path ($(words $(COMPILED_MODULES)) modules) with mypyc, and the watchdog's C poll"
+	@echo "   (after a fresh clone or an edit of them, ~30 s; TRACEKIT_PURE_PYTHON=1 make ... skips it)"
+	find tracekit -name '*.so' -delete; rm -f *__mypyc*.so  # no module left from an earlier list
+	@# gcc says nothing while it compiles mypyc's one library (~10-15 s): a line every 5 s
+	(while sleep 5; do echo "   ... still compiling"; done) & ticker=$$!; \
+	PYTHONUNBUFFERED=1 $(BIN)/python setup.py build_ext --inplace; built=$$?; kill $$ticker; exit $$built
+	touch $@
+
+build: $(COMPILED)  ## (re)compile the request path after editing it (make demo and make test do too)
+
+demo: $(INSTALLED) $(BUILT)
 	$(BIN)/python examples/gateway_under_load.py
 
-test: $(NATIVE)  ## lint (ruff), type-check (mypy strict), then the whole test suite
+# Both builds are tested: the whole suite on the compiled one, then the request path's tests
+# (tests/core, tests/hostile) on the plain-Python one.
+test: $(INSTALLED_DEV) $(BUILT)  ## lint (ruff), type-check (mypy strict), the suite on both builds
 	bash scripts/ensure-chromium
+	@echo "== ruff, mypy"
 	$(BIN)/ruff check -q tracekit integrations tests bench examples setup.py
 	$(BIN)/mypy
+ifneq ($(BUILT),)
+	@echo "== the whole suite, compiled request path"
 	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
+	@echo "== the request path's tests as plain Python (TRACEKIT_PURE_PYTHON=1)"
+	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/core tests/hostile
+else
+	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1)"
+	$(BIN)/python -m pytest -q
+endif
 
-lint: $(STAMP)
+lint: $(INSTALLED_DEV)
 	$(BIN)/ruff check tracekit integrations tests bench examples setup.py
 	$(BIN)/mypy
 
-bench: $(NATIVE)
+bench: $(INSTALLED_DEV) $(BUILT)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/analyze_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info *__mypyc*.so tracekit/*.so
+	rm -rf $(VENV) build *.egg-info *__mypyc*.so
+	find tracekit -name '*.so' -delete

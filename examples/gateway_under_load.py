@@ -91,8 +91,15 @@ async def drive(url: str, requests: int, concurrency: int, deadline_s: float) ->
             except httpx.HTTPError:
                 failed += 1
 
+    async def progress() -> None:  # a line every 5 s: the burst takes ~15 s on two cores
+        while True:
+            await asyncio.sleep(5)
+            print(f"  {ok + failed} of {requests} requests answered", flush=True)
+
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        reporter = asyncio.create_task(progress())
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        reporter.cancel()
     return ok, failed
 
 
@@ -118,6 +125,8 @@ def main() -> None:
     try:
         wait_ready(f"http://127.0.0.1:{model_port}/", model)
         wait_ready(f"http://127.0.0.1:{gateway_port}/docs", gateway)
+        print(f"sending {args.requests} chat requests to the example gateway, {args.concurrency} at a "
+              "time (a third of them streamed)", flush=True)  # fmt: skip
         started = time.monotonic()
         ok, failed = asyncio.run(drive(f"http://127.0.0.1:{gateway_port}", args.requests,
                                        args.concurrency, deadline_s=120))  # fmt: skip

@@ -1,6 +1,8 @@
 """Attribution with real uvicorn on 127.0.0.1 (DESIGN §1; issue 2 "Must show").
 
-Timing assertions are ratios and wide margins: these machines are shared and noisy.
+Timing assertions hold on a busy shared machine: CPU against CPU with wide margins, and wall
+times only as bounds that a slower machine cannot cross (a 100 ms sleep lasts at least 100 ms,
+and no longer than the client waited).
 """
 
 from __future__ import annotations
@@ -26,32 +28,28 @@ def _children(spans: list, parent) -> list:  # type: ignore[no-untyped-def]
     return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
 
 
-def _host_cpu_share() -> float:
-    """How much of the wall time a CPU-bound thread gets here right now (1.0 on an idle host)."""
-    wall, cpu = time.perf_counter(), time.thread_time()
-    apps.burn_cpu(50)
-    return (time.thread_time() - cpu) / (time.perf_counter() - wall)
-
-
 def test_cpu_bound_sync_stage_on_the_loop(serve) -> None:  # type: ignore[no-untyped-def]
-    # >= 0.8 on an idle host, as specified; on a host short of CPU no thread can reach that,
-    # so the bar drops to half of what a thread got here just before (contention fluctuates).
-    share = _host_cpu_share()
-    bar = 0.8 if share >= 0.95 else 0.5 * share
     with tracekit.record() as rec:
         server = serve(apps.traced_app())
-        assert httpx.get(f"{server.url}/cpu?ms=50").status_code == 200
-        spans = settled(rec, 1)
-    (request,) = _request_spans(spans, "/cpu")
+        with httpx.Client(base_url=server.url) as client:  # made, and the server warmed, before
+            client.get("/cpu?ms=0")
+            cpu = time.process_time()
+            assert client.get("/cpu?ms=50").status_code == 200  # 50 ms of wall time
+            process_cpu_ms = (time.process_time() - cpu) * 1000
+        spans = settled(rec, 2)
+    request = max(_request_spans(spans, "/cpu"), key=lambda span: span.attributes[sc.WALL_MS])
     (tokenize,) = _children(spans, request)
     a = tokenize.attributes
     assert a[sc.STAGE] == "tokenize" and a[sc.STAGE_KIND] == "tokenize"
-    assert a[sc.CPU_MS] / a[sc.WALL_MS] >= bar
+    # Its CPU is most of what the whole process (server and client) spent on the request,
+    # however little CPU a busy host gave it; and no more than its wall time.
+    assert 0.5 * process_cpu_ms <= a[sc.CPU_MS] <= process_cpu_ms
+    assert a[sc.CPU_MS] <= a[sc.WALL_MS]
     assert a[sc.ON_LOOP] is True
-    assert a[sc.MAX_BLOCK_MS] >= 40
+    assert a[sc.MAX_BLOCK_MS] >= 45  # it held the loop for its 50 ms (longer on a busy host)
     assert a[sc.CODE_FUNCTION] == "tokenize_cpu" and a[sc.CODE_NAMESPACE] == apps.__name__
     assert request.attributes[sc.CPU_MS] >= a[sc.CPU_MS]
-    assert request.attributes[sc.MAX_BLOCK_MS] >= 40
+    assert request.attributes[sc.MAX_BLOCK_MS] >= 45
 
 
 @pytest.mark.parametrize("path", ["/cpu-thread", "/cpu-anyio"])
@@ -75,13 +73,18 @@ def test_cpu_bound_stage_in_a_worker_thread(serve, path: str) -> None:  # type: 
 def test_async_stage_waiting(serve) -> None:  # type: ignore[no-untyped-def]
     with tracekit.record() as rec:
         server = serve(apps.traced_app())
+        start = time.perf_counter()
         assert httpx.get(f"{server.url}/sleep?s=0.1").status_code == 200
+        client_ms = (time.perf_counter() - start) * 1000
         spans = settled(rec, 1)
     (request,) = _request_spans(spans, "/sleep")
     (model,) = _children(spans, request)
     a = model.attributes
-    assert 70 <= a[sc.WAIT_MS] <= 130
+    # It slept 100 ms (a busy host only wakes it later): suspended, off-CPU, all of it
+    # within what the client saw.
+    assert a[sc.WAIT_MS] + a[sc.LOOP_WAIT_MS] >= 95
     assert a[sc.CPU_MS] < 5
+    assert a[sc.WALL_MS] <= request.attributes[sc.WALL_MS] <= client_ms
     assert request.attributes[sc.MODEL_WAIT_MS] == pytest.approx(a[sc.WAIT_MS])
     overhead = request.attributes[sc.OVERHEAD_MS]
     assert overhead == pytest.approx(request.attributes[sc.WALL_MS] - a[sc.WAIT_MS])
@@ -130,11 +133,13 @@ def test_streamed_reply_timing(serve) -> None:  # type: ignore[no-untyped-def]
     (request,) = _request_spans(spans, "/stream")
     a = request.attributes
     assert a[sc.CHUNKS] == 20
-    assert a[sc.ITL_P50_MS] == pytest.approx(10, rel=0.3)
+    # 10 ms sleeps between chunks: no gap is shorter; at least 10 of the 19 gaps are as long
+    # as the median, all within the span
+    assert a[sc.ITL_P50_MS] >= 9.5 and 10 * a[sc.ITL_P50_MS] <= a[sc.WALL_MS]
     assert a[sc.ITL_P95_MS] >= a[sc.ITL_P50_MS]
     assert a[sc.ITL_MAX_MS] >= a[sc.ITL_P95_MS]
     assert a[sc.TTFT_MS] <= client_ttft + 5
     assert a[sc.TTFB_MS] <= a[sc.TTFT_MS]
-    # the span ends when the last chunk leaves: at least 20 gaps of ~10 ms after the start
-    assert a[sc.WALL_MS] >= 19 * 10 * 0.7
+    # the span ends when the last chunk leaves: after 20 sleeps of 10 ms
+    assert a[sc.WALL_MS] >= 20 * 9.5
     assert not [s for s in spans if s.name.startswith("http send")]  # no span per chunk

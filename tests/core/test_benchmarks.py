@@ -21,11 +21,13 @@ def test_overhead_benchmark_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     _run("bench/overhead.py", "--requests", "400", "--rounds", "2", "--soak", "0", "--json", str(out))
     results = json.loads(out.read_text())
-    for metric in ("wall_us", "cpu_us"):
-        figures = results[metric]
-        assert figures["otel_overhead_us"] > 0 and figures["tracekit_overhead_us"] > 0
-        # wide margins (tiny rounds, a shared machine): tracekit costs less than OTel's middleware
-        assert 0 < figures["ratio_per_round_median"] < 1
+    assert set(results["wall_us"]) == set(results["cpu_us"])
+    # CPU time, which other processes on a busy machine do not stretch as they do wall time:
+    # tracekit's overhead is about a quarter of OTel's middleware's (docs/performance.md), so
+    # 1 leaves a wide margin for rounds this small, and still fails if it costs as much.
+    cpu = results["cpu_us"]
+    assert cpu["otel_overhead_us"] > 0 and cpu["tracekit_overhead_us"] > 0
+    assert cpu["ratio_per_round_median"] < 1
     assert set(results["per_request"]) == {"bare", "otel", "tracekit", "tracekit-nogc", "tracekit-dropped"}
 
 

@@ -1,61 +1,76 @@
-"""The compiled build (mypyc) and the plain-Python one: both are tracekit, both are tested."""
+"""The compiled build and its plain-Python fallback (tracekit/_native.py).
+
+Each check runs ``import tracekit`` in a fresh interpreter: the choice is made at import."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import pytest
-
-from tracekit import _native
-
-ROOT = Path(__file__).resolve().parents[2]
+REPORT = (  # whether the compiled modules are in use, and whether each was read from its .py
+    "import importlib, tracekit; from tracekit import _native; print(_native.compiled(), "
+    "all(importlib.import_module(name).__file__.endswith('.py') for name in _native.COMPILED))"
+)
 
 
-def test_the_compiled_build_is_in_use_where_it_was_built() -> None:
-    # `make test` sets TRACEKIT_REQUIRE_COMPILED: a broken or stale build must not pass as
-    # a fast one (tracekit falls back to its sources by itself, and says so in a log line).
-    if not os.environ.get("TRACEKIT_REQUIRE_COMPILED"):
-        pytest.skip("TRACEKIT_REQUIRE_COMPILED is not set (make test sets it)")
-    assert _native.compiled(), "the compiled modules are not in use: run `make build`"
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TRACEKIT_")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**environ, **env}, timeout=60, check=False)  # fmt: skip
 
 
-def test_the_core_and_analysis_suites_pass_as_plain_python() -> None:
-    if not _native.compiled():
-        pytest.skip("this run is plain Python already")
-    env = dict(os.environ, TRACEKIT_PURE_PYTHON="1")
-    env.pop("TRACEKIT_REQUIRE_COMPILED", None)
-    probe = subprocess.run(
-        [sys.executable, "-c", "import tracekit._native as n, tracekit; print(n.compiled())"],
-        capture_output=True, text=True, env=env, timeout=60, check=True,
-    )  # fmt: skip
-    assert probe.stdout.strip() == "False"
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/core",
-         "tests/analysis", "--deselect",
-         "tests/core/test_native.py::test_the_core_and_analysis_suites_pass_as_plain_python"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def test_pure_python_runs_the_sources_even_where_compiled_modules_exist() -> None:
+    run = _python(REPORT + "; from tracekit import _watchdog; print(_watchdog.GIL_FREE_WAIT)",
+                  TRACEKIT_PURE_PYTHON="1")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True", "None"]  # no mypyc module, no C poll
+    assert run.stderr == ""
 
 
-def test_a_source_changed_since_it_was_compiled_is_stale(tmp_path: Path) -> None:
-    package = tmp_path / "tracekit"
-    for name in _native.COMPILED:
-        source = Path(_native.source_path(name, str(package)))
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(f"# {name}\n")
-    assert _native._stale(str(package)) is None  # no record of a build: an installed wheel
-    built = "".join(f"{n} {d}\n" for n, d in _native.source_digests(str(package)).items())
-    (package / _native.BUILT_FROM).write_text(built)
-    assert _native._stale(str(package)) is None
-    for edited in (_native.COMPILED[3], "analysis._records"):
-        source = _native.source_path(edited, str(package))
-        os.utime(source, (time.time() + 60, time.time() + 60))  # touched only
-        assert _native._stale(str(package)) is None
-        Path(source).write_text("# edited\n")
-        assert _native._stale(str(package)) == edited
-        Path(source).write_text(f"# {edited}\n")
+def test_compiled_modules_that_fail_to_load_leave_their_sources_in_use() -> None:
+    # As if the library were missing or from another build: the first one fails to import.
+    failing = f"import sys; sys.modules[{_first()!r}] = None; "
+    run = _python(failing + REPORT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"]
+    assert "running as plain Python: its compiled modules failed to load" in run.stderr
+    required = _python(failing + "import tracekit", TRACEKIT_REQUIRE_COMPILED="1")
+    assert required.returncode != 0
+    assert "ImportError: tracekit: its compiled modules failed to load" in required.stderr
+
+
+def test_an_unbuilt_checkout_runs_its_sources_and_require_compiled_refuses_it() -> None:
+    # tracekit's directory as if nothing in it were compiled: its finder sees sources only.
+    unbuilt = (
+        "import importlib.machinery as m, importlib.util, os, sys; "
+        "d = os.path.dirname(importlib.util.find_spec('tracekit').origin); "
+        "sys.path_importer_cache[d] = m.FileFinder(d, (m.SourceFileLoader, m.SOURCE_SUFFIXES)); "
+    )
+    run = _python(unbuilt + REPORT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"] and run.stderr == ""  # nothing failed to load
+    required = _python(unbuilt + "import tracekit", TRACEKIT_REQUIRE_COMPILED="1")
+    assert required.returncode != 0
+    assert "TRACEKIT_REQUIRE_COMPILED is set but the compiled request path is not built" in (
+        required.stderr)  # fmt: skip
+
+
+def test_pure_python_is_a_choice_require_compiled_lets_pass() -> None:
+    run = _python(REPORT, TRACEKIT_PURE_PYTHON="1", TRACEKIT_REQUIRE_COMPILED="1")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"]
+
+
+def test_no_analyzer_module_is_compiled() -> None:
+    # Only the request path, where the overhead target needs it (docs/performance.md).
+    from tracekit import _native
+
+    assert _native.COMPILED and all(name.startswith("tracekit.") for name in _native.COMPILED)
+    assert not [name for name in _native.COMPILED if name.startswith("tracekit.analysis")]
+
+
+def _first() -> str:
+    from tracekit import _native
+
+    return _native.COMPILED[0]

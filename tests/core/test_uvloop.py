@@ -30,7 +30,8 @@ def test_attribution_on_uvloop(serve) -> None:  # type: ignore[no-untyped-def]
     cpu = [s for s in spans if s.name == "tokenize" and s.attributes[sc.MAX_BLOCK_MS] >= 40]
     assert cpu[0].attributes[sc.ON_LOOP] is True and cpu[0].attributes[sc.MAX_BLOCK_MS] >= 40
     models = sorted((s for s in spans if s.name == "model"), key=lambda s: s.start_time)
-    assert 70 <= models[0].attributes[sc.WAIT_MS] <= 130
+    slept = models[0].attributes  # 100 ms, suspended (a busy host wakes it later, never sooner)
+    assert slept[sc.WAIT_MS] + slept[sc.LOOP_WAIT_MS] >= 95 and slept[sc.CPU_MS] < 5
     # the sleep-deadline estimator reads the sleep frame, which uvloop runs the same way
     assert models[1].attributes[sc.LOOP_WAIT_MS] == pytest.approx(150, rel=0.3)
     block = _server_span(spans, "/block")
