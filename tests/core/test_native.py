@@ -21,7 +21,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_pure_python_runs_the_sources_even_where_compiled_modules_exist() -> None:
-    run = _python(REPORT + "; from tracekit import _watchdog; print(_watchdog.GIL_FREE_WAIT)",
+    run = _python(REPORT + "; from tracekit._core import watchdog; print(watchdog.GIL_FREE_WAIT)",
                   TRACEKIT_PURE_PYTHON="1")  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False", "True", "None"]  # no mypyc module, no C poll
@@ -41,11 +41,12 @@ def test_compiled_modules_that_fail_to_load_leave_their_sources_in_use() -> None
 
 
 def test_an_unbuilt_checkout_runs_its_sources_and_require_compiled_refuses_it() -> None:
-    # tracekit's directory as if nothing in it were compiled: its finder sees sources only.
+    # tracekit's directories as if nothing in them were compiled: their finders see sources only.
     unbuilt = (
         "import importlib.machinery as m, importlib.util, os, sys; "
-        "d = os.path.dirname(importlib.util.find_spec('tracekit').origin); "
-        "sys.path_importer_cache[d] = m.FileFinder(d, (m.SourceFileLoader, m.SOURCE_SUFFIXES)); "
+        "top = os.path.dirname(importlib.util.find_spec('tracekit').origin); "
+        "[sys.path_importer_cache.__setitem__(d, m.FileFinder(d, (m.SourceFileLoader, "
+        "m.SOURCE_SUFFIXES))) for d in (top, os.path.join(top, '_core'), os.path.join(top, '_export'))]; "
     )
     run = _python(unbuilt + REPORT)
     assert run.returncode == 0, run.stderr
