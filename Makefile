@@ -54,7 +54,7 @@ demo: $(INSTALLED) $(BUILT)
 	$(BIN)/python examples/gateway_under_load.py
 
 # Both builds are tested: the whole suite on the compiled one, then the request path's tests
-# (tests/core, tests/hostile) on the plain-Python one.
+# (tests/core, tests/hostile/recorder) on the plain-Python one.
 test: $(INSTALLED_DEV) $(BUILT)  ## lint (ruff), type-check (mypy strict), the suite on both builds
 	bash scripts/ensure-chromium
 	@echo "== ruff, mypy"
@@ -64,7 +64,7 @@ ifneq ($(BUILT),)
 	@echo "== the whole suite, compiled request path"
 	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
 	@echo "== the request path's tests as plain Python (TRACEKIT_PURE_PYTHON=1)"
-	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/core tests/hostile
+	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/core tests/hostile/recorder
 else
 	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1)"
 	$(BIN)/python -m pytest -q

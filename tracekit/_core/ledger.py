@@ -173,7 +173,7 @@ def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_
     can say more: a CPU reading inferred by :func:`tracekit._core.event_loop.cpu_now` is high by up to
     ``CPU_REUSE_NS``, and a garbage collection can fall between a step's wall and CPU
     readings. Bounding each step here keeps every nanosecond counted once: a stage's CPU plus
-    its children's wall time never exceeds its wall time (tests/hostile/test_timing_invariants.py).
+    its children's wall time never exceeds its wall time (tests/hostile/recorder/test_timing_invariants.py).
     """
     held = now - led.step_t0
     spent = cpu - led.step_c0

@@ -21,7 +21,7 @@ from tracekit import semconv as sc
 from tracekit._core.current import current_ledger
 from tracekit.errors import ConfigurationError
 
-from ..core.asgi import call, http_scope
+from ...core.asgi import call, http_scope
 
 PROMPT = "Summarise this medical record: " + "patient data " * 400 + "END-OF-PROMPT"
 

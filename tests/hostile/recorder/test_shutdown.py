@@ -32,7 +32,7 @@ from tests.helpers import http_server
 from tracekit._export import shutdown
 from tracekit.errors import ConfigurationError
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 REQUESTS = 300  # 600 spans: two export batches of 512 and more (each held ~7-10 s unbounded)
 TIMEOUT_MS = 2000
 MARGIN_S = 6.0  # interpreter teardown and a busy 2-core host; unbounded took 14 s and more
@@ -111,8 +111,8 @@ def _serve_and_stop(endpoint: str, sig: int, tmp_path: Path, requests: int = REQ
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.hostile._shutdown_app:app", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+            [sys.executable, "-m", "uvicorn", "tests.hostile.recorder._shutdown_app:app",
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         try:
             _send(port, requests, server)

@@ -18,7 +18,7 @@ from starlette.routing import Route
 import tracekit
 from tracekit import semconv as sc
 
-from ..conftest import settled
+from ...conftest import settled
 
 STREAM_DONE = threading.Event()
 

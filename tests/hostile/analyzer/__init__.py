@@ -1,0 +1,1 @@
+"""Hostile input for the analyzer and the CLI: trace text, files, backends, messages."""

@@ -1,0 +1,1 @@
+"""Hostile conditions for the recorder: what the request path must survive unchanged."""
