@@ -14,8 +14,9 @@ report. The result is the one a single pass gives (a test compares whole reports
   set-aside spans on that state -- exactly as one pass would have. It then hands its own end
   state to worker k + 1. A trace that straddles a boundary is thus assembled whole.
 - Aggregation is independent of the order requests come in, and merges exactly.
-- The sample: each worker sends the sort keys of its kept requests; the parent picks the
-  cut-off of the earliest ``sample_size`` overall and asks each worker for those only.
+- The sample: each worker sends the sort keys of its kept requests; the parent asks it for
+  those at or above the cut-off of the earliest ``sample_size`` among the keys it has so
+  far (the ranges in file order): a superset of what the overall sample takes from it.
 
 Errors stay those of a single pass: the first failing range in file order raises its
 one-line error (line numbers are counted from the start of the file when a message needs one).
@@ -242,26 +243,28 @@ _BOOT = "import sys; from tracekit.analysis._parallel import worker_main; worker
 
 
 def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggregator, Partial]:
-    partials: list[Partial] = []
-    for k, connection in enumerate(connections):
-        kind, payload = _receive(connection, k)
-        if kind != "ok":
-            for each in connections:
-                each.close()
-            _raise(kind, payload)
-        partials.append(payload)
-    keys = [key for partial in partials for key in partial.sample_keys]
-    cutoff = None
-    if len(keys) > settings.sample_size:
-        cutoff = heapq.nlargest(settings.sample_size, keys)[-1]
-    for connection in connections:
-        connection.send(cutoff)
+    # Range by range, in file order (so that the first failing range's error is raised):
+    # its statistics, then its sample. A range's sample is asked for as soon as the range is
+    # done, with the cut-off of the keys known so far: later ranges can only raise it, so
+    # the range sends a superset of what the final sample takes from it, and the parent
+    # unpacks it while the later ranges are still being read.
     merged = Aggregator(slo=settings.slo, sample_size=settings.sample_size)
     total = Partial(merged, ReadStats(format="otlp-jsonl"), 0, [], [], [])
+    keys: list[Any] = []
     services: dict[str, None] = {}
     matched: dict[str, None] = {}
     others: dict[str, None] = {}
-    for k, (partial, connection) in enumerate(zip(partials, connections, strict=True)):
+    for k, connection in enumerate(connections):
+        kind, partial = _receive(connection, k)
+        if kind != "ok":
+            for each in connections:
+                each.close()
+            _raise(kind, partial)
+        keys.extend(partial.sample_keys)
+        cutoff = None
+        if len(keys) > settings.sample_size:
+            cutoff = heapq.nlargest(settings.sample_size, keys)[-1]
+        connection.send(cutoff)
         merged.merge(partial.aggregator, sample=False)
         kind, sample = _receive(connection, k)
         if kind != "sample":
