@@ -54,7 +54,7 @@ _HEADER = (
 
 PARSE = """
 import sys
-from tracekit.analysis._otlp_json import _LINE
+from tracekit.analysis.readers.otlp import _LINE
 with open(sys.argv[1], "rb", buffering=4 * 2**20) as f:
     for line in f:
         if line.strip():
@@ -62,9 +62,9 @@ with open(sys.argv[1], "rb", buffering=4 * 2**20) as f:
 """
 PHASES = """
 import gc, itertools, json, sys, time
-from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
+from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis.report import build_report
-from tracekit.analysis.sources import read_spans
+from tracekit.analysis.readers import read_spans
 gc.disable()  # as analyze() does
 path = sys.argv[1]
 clock = [time.process_time()]
@@ -328,9 +328,9 @@ same command in one process, for the same report). Where the CPU time goes, in o
 
 - `parse`: msgspec's decode of every line into the reader's structs, nothing more: the floor
   under the reader.
-- `phases`: one process running, one after the other, `tracekit.analysis.sources.read_spans`
+- `phases`: one process running, one after the other, `tracekit.analysis.readers.read_spans`
   (every line to its `Span`s: ids, times, typed attribute map), the reader with assembly and
-  aggregation (the pipeline of `tracekit/analysis/_pipeline.py`), and the report (rules,
+  aggregation (the pipeline of `tracekit/analysis/pipeline.py`), and the report (rules,
   replay, projections, JSON); its wall time and memory are those of all three.
 - `analyze-1` and `analyze`: the whole `tracekit analyze FILE --format json -o OUT`, with
   `TRACEKIT_ANALYZE_WORKERS=1` and as users run it.
@@ -361,7 +361,7 @@ same command in one process, for the same report). Where the CPU time goes, in o
 
 ## What the analyzer does
 
-1. **One decoder of OTLP JSON: msgspec's typed decoding** (`tracekit/analysis/_otlp_json.py`).
+1. **One decoder of OTLP JSON: msgspec's typed decoding** (`tracekit/analysis/readers/otlp.py`).
    msgspec decodes a line straight into structs holding only the fields the analyzer reads,
    checking every type in C and skipping unknown fields; a Python loop then converts them to
    `Span`s (ids and times normalised, value limits applied, repeated strings shared). A line
@@ -370,11 +370,11 @@ same command in one process, for the same report). Where the CPU time goes, in o
    and counted (naming its field) and a document's spans are never all held as objects at
    once. Jaeger JSON is parsed by orjson into dicts, a trace at a time.
 2. **One pipeline, one worker process per CPU.** The pipeline
-   (`tracekit/analysis/_pipeline.py`: count spans and services, assemble requests, aggregate)
+   (`tracekit/analysis/pipeline.py`: count spans and services, assemble requests, aggregate)
    runs in the single pass and in each worker of the parallel reader, on spans read by one
-   line loop (`json_lines` in `tracekit/analysis/sources.py`). A large (>= 64 MB per worker)
+   line loop (`json_lines` in `tracekit/analysis/readers.py`). A large (>= 64 MB per worker)
    uncompressed OTLP JSON Lines file is cut at line starts into one byte range per worker
-   (`tracekit/analysis/_parallel.py`); each worker runs the pipeline on its range and the
+   (`tracekit/analysis/readers/parallel.py`); each worker runs the pipeline on its range and the
    parent merges. The report is the one a single pass gives
    (`tests/analysis/test_sources_parallel.py` compares whole reports on files whose traces
    straddle the boundaries, arrive late, lack roots or repeat ids):

@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upto", choices=PHASES, required=True)
     args = parser.parse_args(argv)
 
-    from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
+    from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
+    from tracekit.analysis.readers import read_spans
     from tracekit.analysis.report import build_report
-    from tracekit.analysis.sources import read_spans
 
     gc.disable()  # as analyze() does
     if args.upto == "imports":

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import gen_traces
 
     from tracekit.analysis.assembly.request_records import request_record, stage_record
-    from tracekit.analysis.sources import read_spans
+    from tracekit.analysis.readers import read_spans
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "traces.jsonl"

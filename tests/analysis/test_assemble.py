@@ -14,7 +14,7 @@ from tests.helpers import REAL, needs_real
 from tracekit import semconv
 from tracekit.analysis.assembly.grouping import Window, assemble, compact, decode_pairs, route_of
 from tracekit.analysis.model import RequestRecord, Span
-from tracekit.analysis.sources import read_spans
+from tracekit.analysis.readers import read_spans
 from tracekit.errors import ConfigurationError
 
 T0 = 1_767_225_600 * 10**9

@@ -372,7 +372,7 @@ def test_route_filter_limits_findings_not_the_replay() -> None:
 # --- real traces ------------------------------------------------------------------------------
 def _hotrod(twin: bool = False) -> list[RequestRecord]:
     from tracekit.analysis.assembly.grouping import assemble
-    from tracekit.analysis.sources import read_spans
+    from tracekit.analysis.readers import read_spans
 
     spans = list(read_spans(HOTROD))
     if twin:

@@ -1,4 +1,4 @@
-"""tracekit.analysis.sources: the real files, every format, errors, Jaeger API, SDK spans."""
+"""tracekit.analysis.readers: the real files, every format, errors, Jaeger API, SDK spans."""
 
 from __future__ import annotations
 
@@ -25,9 +25,16 @@ import pytest
 
 from tests.helpers import REAL, needs_real
 from tracekit import semconv
-from tracekit.analysis import _jaeger_api, _source_common
 from tracekit.analysis.model import SPAN_KINDS, Event, Span
-from tracekit.analysis.sources import FORMATS, ReadStats, SpanStream, detect_format, read_spans
+from tracekit.analysis.readers import (
+    FORMATS,
+    ReadStats,
+    SpanStream,
+    common,
+    detect_format,
+    jaeger_api,
+    read_spans,
+)
 from tracekit.errors import ConfigurationError, SourceNotFoundError, TraceFormatError, TracekitError
 
 # From real-traces/README.md ("What each file contains"); test_readme_table_matches checks
@@ -676,7 +683,7 @@ def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
 def test_jsonl_streams_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The id caches are bounded on their own (next test); keep them tiny here so that the
     # peak measures what the reader holds per line.
-    monkeypatch.setattr(_source_common, "_CACHE_MAX", 16)
+    monkeypatch.setattr(common, "_CACHE_MAX", 16)
     small = write_jsonl(tmp_path / "small.jsonl", lines=50)
     large = write_jsonl(tmp_path / "large.jsonl", lines=500)
 
@@ -693,10 +700,10 @@ def test_jsonl_streams_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_id_caches_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_source_common, "_CACHE_MAX", 64)
+    monkeypatch.setattr(common, "_CACHE_MAX", 64)
     spans, _ = read(write_jsonl(tmp_path / "t.jsonl", lines=100))
     assert len(spans) == 500 and len({s.trace_id for s in spans}) == 100
-    assert 0 < len(_source_common.SPAN_IDS) <= 64 and 0 < len(_source_common.TRACE_IDS) <= 64
+    assert 0 < len(common.SPAN_IDS) <= 64 and 0 < len(common.TRACE_IDS) <= 64
 
 
 def test_query_options_and_source_types_are_checked(tmp_path: Path) -> None:
@@ -721,10 +728,10 @@ def test_query_options_and_source_types_are_checked(tmp_path: Path) -> None:
 
 
 def test_lookback_parsing() -> None:
-    assert _jaeger_api.lookback_seconds("1h") == 3600
-    assert _jaeger_api.lookback_seconds("1h30m") == 5400
-    assert _jaeger_api.lookback_seconds("2d") == 172800
-    assert _jaeger_api.lookback_seconds("500ms") == 0.5
+    assert jaeger_api.lookback_seconds("1h") == 3600
+    assert jaeger_api.lookback_seconds("1h30m") == 5400
+    assert jaeger_api.lookback_seconds("2d") == 172800
+    assert jaeger_api.lookback_seconds("500ms") == 0.5
 
 
 # --- the Jaeger query API -----------------------------------------------------------------
@@ -845,9 +852,9 @@ def test_jaeger_api_timeout() -> None:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/api/traces?service=x"
         started = time.monotonic()
         with pytest.raises(SourceNotFoundError, match=r"did not answer within 0\.3 s"):
-            _jaeger_api.fetch(url, timeout=0.3)
+            jaeger_api.fetch(url, timeout=0.3)
         assert time.monotonic() - started < 3
-    assert _jaeger_api.DEFAULT_TIMEOUT_S == 60.0
+    assert jaeger_api.DEFAULT_TIMEOUT_S == 60.0
 
 
 # --- in-memory SDK spans ------------------------------------------------------------------
@@ -902,7 +909,7 @@ def test_unended_sdk_span_is_skipped() -> None:
 def test_readers_import_no_opentelemetry() -> None:
     code = (
         "import sys, tracekit; before = set(sys.modules);"
-        "import tracekit.analysis.sources;"
+        "import tracekit.analysis.readers;"
         "new = [m for m in set(sys.modules) - before if m.startswith('opentelemetry')];"
         "assert not new, new"
     )

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tracekit.analysis.model import Span
-from tracekit.analysis.sources import ReadStats, read_spans
+from tracekit.analysis.readers import ReadStats, read_spans
 from tracekit.errors import TracekitError
 
 from .test_sources import REAL, assert_normalised, jaeger_span, otlp_attrs, traces_data

@@ -17,11 +17,12 @@ import pytest
 
 from tests.helpers import gen_traces
 from tracekit import semconv
-from tracekit.analysis import _parallel, api
-from tracekit.analysis._parallel import Settings, analyze_plan, plan_file, worker_count
+from tracekit.analysis import api
 from tracekit.analysis.assembly.grouping import assemble
+from tracekit.analysis.readers import parallel as parallel_reader
+from tracekit.analysis.readers import read_spans
+from tracekit.analysis.readers.parallel import Settings, analyze_plan, plan_file, worker_count
 from tracekit.analysis.slo import parse_slo
-from tracekit.analysis.sources import read_spans
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError, TraceFormatError
 
@@ -187,13 +188,13 @@ def test_analyze_uses_the_workers_and_reports_the_same(
 ) -> None:
     path = tmp_path / "t.jsonl"
     gen_traces().write_jsonl(path, 6_000)
-    monkeypatch.setattr(_parallel, "MIN_RANGE_BYTES", 1)
-    monkeypatch.setenv(_parallel.ENV_WORKERS, "1")
+    monkeypatch.setattr(parallel_reader, "MIN_RANGE_BYTES", 1)
+    monkeypatch.setenv(parallel_reader.ENV_WORKERS, "1")
     single = api.analyze(path, slo="ttft=500ms")
-    monkeypatch.setenv(_parallel.ENV_WORKERS, "3")
+    monkeypatch.setenv(parallel_reader.ENV_WORKERS, "3")
     calls: list[Any] = []
-    real = _parallel.analyze_plan
-    monkeypatch.setattr(_parallel, "analyze_plan", lambda *a: calls.append(a) or real(*a))
+    real = parallel_reader.analyze_plan
+    monkeypatch.setattr(parallel_reader, "analyze_plan", lambda *a: calls.append(a) or real(*a))
     parallel = api.analyze(path, slo="ttft=500ms")
     assert len(calls) == 1 and len(calls[0][0].bounds) == 4
     assert parallel.to_dict() == single.to_dict()
@@ -222,10 +223,10 @@ def test_only_large_uncompressed_otlp_json_lines_are_split(tmp_path: Path) -> No
 
 
 def test_worker_count_from_argument_environment_or_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(_parallel.ENV_WORKERS, raising=False)
+    monkeypatch.delenv(parallel_reader.ENV_WORKERS, raising=False)
     assert worker_count(3) == 3 and worker_count(0) == 1 and worker_count() >= 1
-    monkeypatch.setenv(_parallel.ENV_WORKERS, "2")
+    monkeypatch.setenv(parallel_reader.ENV_WORKERS, "2")
     assert worker_count() == 2
-    monkeypatch.setenv(_parallel.ENV_WORKERS, "many")
+    monkeypatch.setenv(parallel_reader.ENV_WORKERS, "many")
     with pytest.warns(UserWarning, match="TRACEKIT_ANALYZE_WORKERS"):
         assert worker_count() >= 1

@@ -1,4 +1,4 @@
-"""The OTLP JSON decoder (msgspec's typed decoding, tracekit/analysis/_otlp_json.py): what it
+"""The OTLP JSON decoder (msgspec's typed decoding, tracekit/analysis/readers/otlp.py): what it
 makes of every value type, every span field and every document shape, against expected values.
 
 Each case is read twice, as a file that is one document (decoded span by span) and as the
@@ -20,10 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.helpers import gen_traces
-from tracekit.analysis._otlp_json import line_spans
-from tracekit.analysis._source_common import MAX_ARRAY_ITEMS, MAX_ATTRIBUTES, MAX_VALUE_CHARS, ReadStats
 from tracekit.analysis.model import Event, Span
-from tracekit.analysis.sources import read_spans
+from tracekit.analysis.readers import read_spans
+from tracekit.analysis.readers.common import MAX_ARRAY_ITEMS, MAX_ATTRIBUTES, MAX_VALUE_CHARS, ReadStats
+from tracekit.analysis.readers.otlp import line_spans
 from tracekit.errors import TraceFormatError
 
 from .test_sources_fuzz import FUZZ, otlp_doc

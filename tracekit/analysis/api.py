@@ -1,9 +1,9 @@
 """``tracekit.analyze``: read traces, assemble requests, aggregate, run the rules, report.
 
-The whole pipeline streams (:mod:`tracekit.analysis._pipeline`): memory is bounded by the
+The whole pipeline streams (:mod:`tracekit.analysis.pipeline`): memory is bounded by the
 assembly window, the routes x stages statistics and the request sample, not by the number of
 spans read. A large OTLP JSON Lines file runs the same pipeline in one worker process per
-byte range (:mod:`tracekit.analysis._parallel`).
+byte range (:mod:`tracekit.analysis.readers.parallel`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
-from tracekit.analysis._source_common import ReadStats
 from tracekit.analysis.model import Span
+from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
+from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
@@ -43,7 +43,7 @@ def analyze(
         source: a trace file path (OTLP JSON / JSON Lines, Jaeger JSON), a Jaeger query URL
             (with ``service``), or in-memory spans (``tracekit.record()``'s, or
             :class:`~tracekit.analysis.model.Span` objects); whatever
-            :func:`tracekit.analysis.sources.read_spans` accepts.
+            :func:`tracekit.analysis.readers.read_spans` accepts.
         route: analyse only this route: the full name (``"POST /v1/chat/completions"``) or
             its path (``"/v1/chat/completions"``).
         slo: latency targets for goodput, e.g. ``"ttft=500ms,itl=50ms,e2e=5s"`` or
@@ -68,10 +68,10 @@ def analyze(
     Cost: linear in the spans read; memory bounded by the assembly window (10,000 spans of
     open traces), routes x stages and a 20,000-request sample. A large OTLP JSON Lines file
     is read by one process per CPU (``TRACEKIT_ANALYZE_WORKERS`` sets how many), with the
-    same result (:mod:`tracekit.analysis._parallel`; figures in
+    same result (:mod:`tracekit.analysis.readers.parallel`; figures in
     ``docs/performance-analyzer.md``).
     """
-    from tracekit.analysis.sources import read_spans
+    from tracekit.analysis.readers import read_spans
 
     targets = parse_slo(slo)
     options = (service, limit, timeout, max_response_mb)
@@ -110,17 +110,17 @@ def _warn(report: Report, stats: ReadStats) -> None:
 
 def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:
     # A large OTLP JSON Lines file on more than one CPU; None: read it in one pass instead.
-    from tracekit.analysis import _parallel
+    from tracekit.analysis.readers import parallel
 
-    path = _parallel.file_path(source)
+    path = parallel.file_path(source)
     if path is None:
         return None
-    plan = _parallel.plan_file(path, path, workers=_parallel.worker_count())
+    plan = parallel.plan_file(path, path, workers=parallel.worker_count())
     if plan is None:
         return None
     with _gc_paused():
         try:
-            agg, found = _parallel.analyze_plan(plan, Settings(slo=slo, route=route))
+            agg, found = parallel.analyze_plan(plan, Settings(slo=slo, route=route))
         except OSError:  # no worker process could be started here: one pass it is
             return None
         report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)

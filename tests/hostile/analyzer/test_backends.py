@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tracekit.analysis import _jaeger_api
-from tracekit.analysis.sources import read_spans
+from tracekit.analysis.readers import jaeger_api, read_spans
 from tracekit.cli import main
 from tracekit.errors import ConfigurationError, SourceNotFoundError, TraceFormatError
 
@@ -142,7 +141,7 @@ def timed(fn: Callable[[], Any]) -> tuple[BaseException, float]:
 def test_a_trickling_body_is_cut_at_the_deadline(backend: Any) -> None:
     server = backend(trickle(b" " * 1000 + b"]}", head=OK_HEAD + b'{"data": ['))
     url = f"{server.url}/api/traces?service=gw"
-    exc, took = timed(lambda: _jaeger_api.fetch(url, timeout=DEADLINE_S))
+    exc, took = timed(lambda: jaeger_api.fetch(url, timeout=DEADLINE_S))
     assert isinstance(exc, SourceNotFoundError), exc
     assert str(exc) == f"{url}: Jaeger did not answer within 1 s (see --timeout)"
     assert DEADLINE_S * 0.9 < took < DEADLINE_S + SLACK_S

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.helpers import ROOT, gen_traces
-from tracekit.analysis import sources
+from tracekit.analysis import readers
 
 MB = 1_000_000
 
@@ -30,7 +30,7 @@ MB = 1_000_000
 # many spans it read, or the error.
 PEAK = """
 import re, sys
-from tracekit.analysis.sources import read_spans
+from tracekit.analysis.readers import read_spans
 from tracekit.errors import TracekitError
 def peak():
     return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
@@ -99,14 +99,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_a_single_document_costs_about_its_size(files: dict[str, Path]) -> None:
     size = files["document"].stat().st_size
     grew, outcome = peak(files["warm"], files["document"])
-    assert outcome == str(sum(1 for _ in sources.read_spans(files["lines"])))
+    assert outcome == str(sum(1 for _ in readers.read_spans(files["lines"])))
     # Parsed whole into dicts it took 12 times its size (98 MB for these 8 MB, measured).
     assert grew < 2.5 * size, f"{grew / MB:.0f} MB for a {size / MB:.0f} MB document"
 
 
 def test_a_single_document_gives_the_spans_of_its_json_lines(files: dict[str, Path]) -> None:
-    from_document = sources.read_spans(files["document"])
-    assert list(from_document) == list(sources.read_spans(files["lines"]))
+    from_document = readers.read_spans(files["document"])
+    assert list(from_document) == list(readers.read_spans(files["lines"]))
     assert from_document.stats.format == "otlp-json"
 
 
@@ -185,7 +185,7 @@ def test_orjson_out_of_memory_is_a_memory_error() -> None:
     # with less than about the input's size to spare, orjson 3.13 crashes instead.)
     script = (
         "import re, resource\n"
-        "from tracekit.analysis._source_common import loads\n"
+        "from tracekit.analysis.readers.common import loads\n"
         "data = b'[' + b'{\"a\": \"xxxxxxxxxxxx\"},' * 1_000_000 + b'{}]'\n"
         "status = open('/proc/self/status').read()\n"
         "size = int(re.search(r'VmSize:\\s+(\\d+) kB', status).group(1)) * 1024\n"

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from tests.helpers import gen_traces
-from tracekit.analysis import _parallel, api
-from tracekit.analysis._parallel import Settings, analyze_plan, plan_file
-from tracekit.analysis.sources import read_spans
+from tracekit.analysis import api
+from tracekit.analysis.readers import parallel, read_spans
+from tracekit.analysis.readers.parallel import Settings, analyze_plan, plan_file
 from tracekit.cli import main
 from tracekit.errors import TraceFormatError
 
@@ -125,14 +125,14 @@ def test_an_incomplete_last_line_gives_one_warning(
     path = tmp_path / "t.jsonl"
     tail = being_written(lines, path, 1000)
     warning = "skipped an incomplete last line (1,000 bytes): is the file still being written?"
-    monkeypatch.setenv(_parallel.ENV_WORKERS, "1")
+    monkeypatch.setenv(parallel.ENV_WORKERS, "1")
     code, out, err = run_main("analyze", str(path), "--format", "json")
     assert code == 0 and orjson.loads(out)["spans"] == 40 * (len(lines) - 1)
     assert err == f"tracekit: warning: {warning}\n" and len(tail) == 1000
     single = api.analyze(path)
     assert single.warnings == [warning]
-    monkeypatch.setattr(_parallel, "MIN_RANGE_BYTES", 1)
-    monkeypatch.setenv(_parallel.ENV_WORKERS, "3")
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1)
+    monkeypatch.setenv(parallel.ENV_WORKERS, "3")
     assert api.analyze(path).to_dict() == single.to_dict()
 
 

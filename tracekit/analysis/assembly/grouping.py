@@ -13,7 +13,7 @@ as they end, so children usually come before their parent). Assembly keeps the s
 
 Every rule counts positions in the input, never how many other traces are open, so what
 becomes of a trace depends only on where its own spans are: this is what lets the parallel
-reader (:mod:`tracekit.analysis._parallel`) assemble byte ranges of a file apart and get the
+reader (:mod:`tracekit.analysis.readers.parallel`) assemble byte ranges of a file apart and get the
 very requests a single pass gets.
 
 A request is each SERVER span, or, in a trace with no SERVER span, each top-most span (a

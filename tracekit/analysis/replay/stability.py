@@ -53,7 +53,7 @@ def stability(sample: Sequence[RequestRecord], sizes: Sequence[int]) -> list[dic
 
 def _sample(path: str) -> list[RequestRecord]:
     from tracekit.analysis.assembly.grouping import assemble
-    from tracekit.analysis.sources import read_spans
+    from tracekit.analysis.readers import read_spans
     from tracekit.analysis.stats.aggregate import Aggregator
 
     agg = Aggregator()

@@ -29,9 +29,9 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from tracekit.analysis._packing import pack, unpack
 from tracekit.analysis.assembly.request_records import compact, reshare
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.readers.packing import pack, unpack
 from tracekit.analysis.slo import SLO
 from tracekit.analysis.stats.route_stats import (
     BREAKDOWN_KEYS,

@@ -16,8 +16,8 @@ the loop the parallel reader's workers run too), so memory does not grow with th
 single JSON document is held whole as bytes, but only its containers are decoded up front:
 each span (OTLP) or trace (Jaeger) is parsed when it is reached, so the memory is about the
 file's size. OTLP JSON is decoded by msgspec into typed structs
-(:mod:`tracekit.analysis._otlp_json`); Jaeger JSON is parsed by orjson into dicts
-(:mod:`tracekit.analysis._jaeger_json`). A last line cut short (no newline, not JSON: a file
+(:mod:`tracekit.analysis.readers.otlp`); Jaeger JSON is parsed by orjson into dicts
+(:mod:`tracekit.analysis.readers.jaeger`). A last line cut short (no newline, not JSON: a file
 still being written) is skipped and counted (``stats.cut_tail_bytes``); a bad line anywhere
 else is an error.
 
@@ -44,11 +44,8 @@ from typing import IO, Any, cast
 import msgspec
 import orjson
 
-from tracekit.analysis._jaeger_api import fetch, is_url, limits, query_url
-from tracekit.analysis._jaeger_json import is_jaeger, jaeger_document, jaeger_spans
-from tracekit.analysis._otlp_json import line_spans, otlp_spans
-from tracekit.analysis._sdk_spans import memory_spans
-from tracekit.analysis._source_common import (
+from tracekit.analysis.model import Span
+from tracekit.analysis.readers.common import (
     SPAN_ERRORS,
     NotJson,
     ReadStats,
@@ -57,7 +54,10 @@ from tracekit.analysis._source_common import (
     one_line,
     utf8_error,
 )
-from tracekit.analysis.model import Span
+from tracekit.analysis.readers.jaeger import is_jaeger, jaeger_document, jaeger_spans
+from tracekit.analysis.readers.jaeger_api import fetch, is_url, limits, query_url
+from tracekit.analysis.readers.memory import memory_spans
+from tracekit.analysis.readers.otlp import line_spans, otlp_spans
 from tracekit.errors import (
     ConfigurationError,
     SourceError,
@@ -326,8 +326,8 @@ def json_lines(
     """The spans of each line of a JSON Lines file of OTLP or Jaeger JSON, a list per line.
 
     The one loop over JSON Lines: the single pass runs it on a whole file, each worker of the
-    parallel reader (:mod:`tracekit.analysis._parallel`) on its byte range. A line goes
-    through the OTLP decoder's fast path (:func:`~tracekit.analysis._otlp_json.line_spans`),
+    parallel reader (:mod:`tracekit.analysis.readers.parallel`) on its byte range. A line goes
+    through the OTLP decoder's fast path (:func:`~tracekit.analysis.readers.otlp.line_spans`),
     else is read span by span (:func:`_line`). A last line cut short (no newline, not JSON:
     a file still being written) ends the loop and is counted in ``stats.cut_tail_bytes``;
     a line that is not JSON anywhere else is an error.

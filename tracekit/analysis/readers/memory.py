@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from tracekit import semconv
-from tracekit.analysis._source_common import (
+from tracekit.analysis.model import Event, Span
+from tracekit.analysis.readers.common import (
     KIND_BY_NAME,
     MAX_NS,
     MAX_VALUE_CHARS,
@@ -24,7 +25,6 @@ from tracekit.analysis._source_common import (
     clip,
     short,
 )
-from tracekit.analysis.model import Event, Span
 
 
 def memory_spans(items: Iterable[object], stats: ReadStats) -> Iterator[Span]:

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from tracekit.analysis._source_common import one_line
+from tracekit.analysis.readers.common import one_line
 from tracekit.errors import ConfigurationError, SourceNotFoundError, TraceFormatError
 
 #: Seconds the whole fetch may take. Jaeger answers a search in seconds; a slow storage

@@ -1,8 +1,8 @@
 """``tracekit analyze`` of a large OTLP JSON Lines file on every core: byte ranges, one process each.
 
 The file is cut at line starts into one byte range per worker process. Each worker reads its
-range with the readers' line loop (:func:`tracekit.analysis.sources.json_lines`) and runs the
-pipeline of the single pass on it (:class:`tracekit.analysis._pipeline.Pipeline`); the
+range with the readers' line loop (:func:`tracekit.analysis.readers.json_lines`) and runs the
+pipeline of the single pass on it (:class:`tracekit.analysis.pipeline.Pipeline`); the
 parent merges the aggregates (:meth:`Aggregator.merge`) and ``tracekit.analyze`` builds the
 report. The result is the one a single pass gives (a test compares whole reports):
 
@@ -47,12 +47,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any
 
-from tracekit.analysis._otlp_json import otlp_spans
-from tracekit.analysis._packing import pack
-from tracekit.analysis._pipeline import BATCH_SPANS, Pipeline, Settings
-from tracekit.analysis._source_common import ReadStats
 from tracekit.analysis.model import Span
-from tracekit.analysis.sources import _guard, json_lines
+from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
+from tracekit.analysis.readers import _guard, json_lines
+from tracekit.analysis.readers.common import ReadStats
+from tracekit.analysis.readers.otlp import otlp_spans
+from tracekit.analysis.readers.packing import pack
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import TracekitError
 
@@ -239,7 +239,7 @@ def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
                 process.wait()
 
 
-_BOOT = "import sys; from tracekit.analysis._parallel import worker_main; worker_main(sys.argv[1:])"
+_BOOT = "import sys; from tracekit.analysis.readers.parallel import worker_main; worker_main(sys.argv[1:])"
 
 
 def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggregator, Partial]:

@@ -11,7 +11,7 @@ reads, checking every type as it goes and skipping unknown fields in C. Its lax 
 (``strict=False``) reads numbers given as strings, as proto3 JSON allows for integers and
 doubles (it also takes ``1`` or ``"true"`` for a bool). The conversion to
 :class:`Span` then normalises ids and times, applies the value limits of
-:mod:`tracekit.analysis._source_common` (cuts are counted), and shares repeated strings
+:mod:`tracekit.analysis.readers.common` (cuts are counted), and shares repeated strings
 (:func:`~tracekit.analysis.assembly.request_records.share`: a span waits in the assembly window for
 ~10,000 more, and one shared string per distinct key or short text halves what it holds).
 
@@ -41,7 +41,9 @@ import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from tracekit import semconv
-from tracekit.analysis._source_common import (
+from tracekit.analysis.assembly.request_records import share, shared
+from tracekit.analysis.model import SPAN_KINDS, Event, Span
+from tracekit.analysis.readers.common import (
     MAX_ARRAY_ITEMS,
     MAX_ATTRIBUTES,
     MAX_NS,
@@ -59,8 +61,6 @@ from tracekit.analysis._source_common import (
     span_id,
     trace_id,
 )
-from tracekit.analysis.assembly.request_records import share, shared
-from tracekit.analysis.model import SPAN_KINDS, Event, Span
 from tracekit.errors import TraceFormatError
 
 __all__ = ["attributes", "line_spans", "otlp_spans"]

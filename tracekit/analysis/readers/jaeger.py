@@ -18,7 +18,8 @@ import msgspec
 import orjson
 from msgspec import UNSET, UnsetType
 
-from tracekit.analysis._source_common import (
+from tracekit.analysis.model import Event, Span
+from tracekit.analysis.readers.common import (
     KIND_BY_NAME,
     MAX_ATTRIBUTES,
     MAX_NS,
@@ -35,7 +36,6 @@ from tracekit.analysis._source_common import (
     span_id,
     trace_id,
 )
-from tracekit.analysis.model import Event, Span
 from tracekit.errors import TraceFormatError
 
 _KIND_TAG = "span.kind"

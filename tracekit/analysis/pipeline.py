@@ -1,7 +1,7 @@
 """The pipeline of ``tracekit analyze``: spans to requests to statistics, in bounded memory.
 
 One :class:`Pipeline` runs in the single pass (:func:`tracekit.analysis.api.analyze_spans`)
-and in each worker of the parallel reader (:mod:`tracekit.analysis._parallel`, one per byte
+and in each worker of the parallel reader (:mod:`tracekit.analysis.readers.parallel`, one per byte
 range of a file). It takes spans in batches, counts them and their services, assembles them
 into requests (:class:`~tracekit.analysis.assembly.grouping.Window`) and adds each request to the
 :class:`~tracekit.analysis.stats.aggregate.Aggregator`; when one route is asked for, the requests
@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tracekit.analysis._packing import pack, unpack
 from tracekit.analysis.assembly.grouping import Group, Window
 from tracekit.analysis.assembly.request_records import route_matches
 from tracekit.analysis.model import RequestRecord, Span
+from tracekit.analysis.readers.packing import pack, unpack
 from tracekit.analysis.slo import SLO
 from tracekit.analysis.stats.aggregate import Aggregator
 
