@@ -512,6 +512,16 @@ def test_jaeger_array_jsonl_and_gzip(tmp_path: Path) -> None:
     assert len(read(bom)[0]) == 1
 
 
+@needs_real
+def test_jaeger_json_lines_still_being_written(tmp_path: Path) -> None:
+    # An array of traces cut short on the last line: skipped and counted, as OTLP lines are.
+    line = orjson.dumps([orjson.loads((REAL / "jaeger-petclinic-two-services.json").read_bytes())])
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(line + b"\n" + line + b"\n" + line[:100])
+    spans, stats = read(path)
+    assert len(spans) == 2 * 17 and (stats.format, stats.cut_tail_bytes) == ("jaeger-jsonl", 100)
+
+
 def test_pretty_printed_and_single_line_documents(tmp_path: Path) -> None:
     doc = traces_data(tracekit_trace(0))
     pretty = tmp_path / "pretty.json"

@@ -63,7 +63,7 @@ from tracekit.analysis._source_common import (
 from tracekit.analysis.model import SPAN_KINDS, Event, Span
 from tracekit.errors import TraceFormatError
 
-__all__ = ["attributes", "is_otlp", "line_spans", "otlp_spans"]
+__all__ = ["attributes", "line_spans", "otlp_spans"]
 
 _fromhex = bytes.fromhex
 _ZERO_SPAN = "0" * 16
@@ -177,16 +177,6 @@ _JSON = msgspec.json.Decoder(Raw)  # checks JSON, builds nothing
 
 
 # --- the two granularities --------------------------------------------------------------------
-def is_otlp(doc: object) -> bool:
-    """Whether a parsed document is OTLP JSON (bare, or in Jaeger API v3's ``result``)."""
-    if type(doc) is not dict:
-        return False
-    if "resourceSpans" in doc:
-        return True
-    result = doc.get("result")
-    return type(result) is dict and "resourceSpans" in result
-
-
 def line_spans(line: bytes | bytearray, stats: ReadStats) -> list[Span] | None:
     """The spans of one JSON Lines line of OTLP JSON, decoded whole: the fast path.
 

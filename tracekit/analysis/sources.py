@@ -468,17 +468,17 @@ def _parse(data: bytes | bytearray | memoryview, where: str, *, whole: bool = Fa
 
 def _parse_error(
     data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError, whole: bool
-) -> TraceFormatError:
+) -> NotJson:
     if exc.msg == "unexpected end of data":
-        return TraceFormatError(f"{where}: truncated JSON (ends after {len(data)} bytes)")
+        return NotJson(f"{where}: truncated JSON (ends after {len(data)} bytes)")
     if whole and exc.msg == "Input is a zero-length, empty document":
-        return TraceFormatError(f"{where}: empty file")
+        return NotJson(f"{where}: empty file")
     at = utf8_error(data)
     if at is not None:  # orjson's words for it ("surrogates not allowed") say nothing useful
         of = "" if whole else " of the line"
-        return TraceFormatError(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
+        return NotJson(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
     if whole:
-        return TraceFormatError(
+        return NotJson(
             f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         )
-    return TraceFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+    return NotJson(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
