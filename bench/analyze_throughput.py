@@ -287,14 +287,29 @@ def render(
     cpus = os.cpu_count() or 1
     per_span_us = 1e6 * pipeline_s / n_spans
     workers_s = pipeline_s / cpus
+    tail_s = top.wall_s - workers_s
     left = (
         f"Per span, one process spends {1e6 * read_s / n_spans:.1f} µs of CPU reading (of which "
         f"{1e6 * parse_s / n_spans:.1f} µs are msgspec's decode, the `parse` row) and "
         f"{1e6 * (pipeline_s - read_s) / n_spans:.1f} µs assembling and aggregating: "
         f"{per_span_us:.1f} µs, so {cpus} CPUs fully used take about {workers_s:.1f} s for the "
-        f"{n_spans:,} spans; then the report on the sample takes {report_s:.1f} s of CPU in one "
-        "process, after the workers, while the other CPUs idle, and the workers' start and the "
-        "merge take the rest."
+        f"{n_spans:,} spans. The other {tail_s:.1f} s of `analyze` are serial or overhead: the "
+        f"report on the sample ({report_s:.1f} s of CPU in one process, after the workers, "
+        "while the other CPUs idle), the workers' start, the last range's tail (it assembles "
+        "the spans it set aside and the open traces handed on by its neighbour only once that "
+        "neighbour is done) and unpacking the sample in the parent. Runs of one command differ by "
+        "up to 15% on this shared machine (the `all runs` column)."
+    )
+    levers = (
+        "What would close the gap, largest first: the report's CPU (its replays and their "
+        "validation run one after another in one process: in parallel, or on the workers' "
+        "idle CPU, they would take a fraction of their time); the Python per request in "
+        "assembly and aggregation (record building, statistics); the conversion of decoded "
+        "structs to spans (the reader's Python: per attribute, a few field reads, a shared "
+        "key and a dict insert)."
+        if top.wall_s > target_s
+        else "The target is met; the report's replays, run one after another in one "
+        "process, are the largest serial part left."
     )
     return f"""# Analyzer performance
 
@@ -368,7 +383,10 @@ same command in one process, for the same report). Where the CPU time goes, in o
    is decoded whole; a line with a malformed span, and every file that is one document, is
    decoded container by container and span by span instead, so that a bad span is skipped
    and counted (naming its field) and a document's spans are never all held as objects at
-   once. Jaeger JSON is parsed by orjson into dicts, a trace at a time.
+   once. msgspec's lax mode reads proto3 JSON's integers and doubles given as strings in C.
+   Jaeger JSON is parsed by orjson into dicts, a trace at a time. On 20,480 generated spans,
+   cachegrind counts 89k instructions a span to iterate `read_spans`, against 96k for the
+   msgspec struct path it replaces (its C scanner off), both as plain Python.
 2. **One pipeline, one worker process per CPU.** The pipeline
    (`tracekit/analysis/pipeline.py`: count spans and services, assemble requests, aggregate)
    runs in the single pass and in each worker of the parallel reader, on spans read by one
@@ -388,8 +406,10 @@ same command in one process, for the same report). Where the CPU time goes, in o
    - aggregation does not depend on the order of requests (percentiles from exact values or
      order-free histograms, breakdown sums in exact fixed point, ties broken by ids), and
      merges exactly;
-   - the sample: each worker keeps its earliest 20,000 requests packed (msgpack), sends their
-     keys, and the parent asks for those within the overall earliest 20,000 only.
+   - the sample: each worker keeps its earliest 20,000 requests packed (msgpack) and sends
+     their keys; the parent, range by range in file order, asks for those at or above the
+     cut-off of the keys it has so far (later ranges can only raise it), and unpacks them
+     while the later ranges are still being read.
    Smaller files, gzip, Jaeger JSON, a Jaeger query and in-memory spans are read in one
    process; `TRACEKIT_ANALYZE_WORKERS` sets the number of workers (1: one process).
 3. **Less work per span.** Model records are msgspec Structs (constructed in C); the
@@ -401,8 +421,8 @@ same command in one process, for the same report). Where the CPU time goes, in o
    oldest generation when it is re-enabled.
 4. **Less memory per span waiting for assembly.** A decoder makes a new string for every
    attribute key and text; the reader shares keys, texts up to 200 characters and span names
-   as it reads them. A span waiting in the assembly window holds about 1.2 kB instead of
-   2.3 kB (`tracemalloc`, asserted by `tests/analysis/test_sources_typed.py`), and later
+   as it reads them. A span waiting in the assembly window holds about 1.1 kB instead of
+   2.2 kB (`tracemalloc`, asserted by `tests/analysis/test_sources_typed.py`), and later
    lookups by key compare identities. This matters more than its instruction count
    suggests: assembly touches each span again ~10,000 spans after reading it, out of the CPU
    caches (`bench/record_locality.py` times record building on spans in cache and on spans
@@ -417,6 +437,8 @@ same command in one process, for the same report). Where the CPU time goes, in o
 
 {textwrap.fill(left, 92)}
 
+{textwrap.fill(levers, 92)}
+
 ## Before: the C scanner
 
 Until issue 12 the OTLP reader had three more decoders that had to agree with this one: a
@@ -424,9 +446,10 @@ line scanner in C (`_otlp_scan.c`, 1,116 lines of hand-written parsing of untrus
 the attribute loop in C (`_otlp_attributes.c`, reading msgspec's structs at raw member
 offsets) and the generic orjson reader, and the analyzer's hot modules were compiled with
 mypyc. With all of that, the same benchmark read 1,000,115 spans in 9.0 s (111,196 spans/s,
-14.4 s of CPU, peak RSS 261 MB) on this machine. They were removed for one decoder on a
-well-kept library and an analyzer in plain Python: 276 of the analyzer's test cases existed
-only to prove the decoders agreed.
+14.4 s of CPU, peak RSS 261 MB) on the machine of that day (2 CPUs, AMD EPYC; not this one,
+so the figures compare only roughly). They were removed for one decoder on a well-kept
+library and an analyzer in plain Python: 276 of the analyzer's test cases existed only to
+prove the decoders agreed.
 """
 
 

@@ -188,7 +188,7 @@ def analyze_spans(
 def _gc_paused() -> Iterator[None]:
     # The pipeline allocates millions of small acyclic objects (reference counting frees
     # them) while keeping ~10^5 alive (window, sample); the cyclic collector would rescan
-    # those again and again: measured 3x slower end to end (docs/performance-analyzer.md).
+    # those again and again (docs/performance-analyzer.md).
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -197,8 +197,8 @@ def _gc_paused() -> Iterator[None]:
         if enabled:
             # What the analysis keeps (the report's sample: ~600,000 small containers for
             # 20,000 requests) is young and acyclic: the first collection after re-enabling
-            # would walk all of it for nothing (0.44 s, measured). Moved to the oldest
-            # generation (freeze, then unfreeze) it waits for the next full collection.
+            # would walk all of it for nothing. Moved to the oldest generation (freeze, then
+            # unfreeze) it waits for the next full collection.
             gc.freeze()
             gc.unfreeze()
             gc.enable()

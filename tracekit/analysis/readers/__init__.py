@@ -134,7 +134,7 @@ def read_spans(
 
     Returns:
         A :class:`SpanStream`: an iterator of :class:`Span` with ``.stats`` and ``.source``.
-        Cost: on OTLP JSON, a msgspec decode plus the conversion to :class:`Span` (~10 µs
+        Cost: on OTLP JSON, a msgspec decode plus the conversion to :class:`Span` (~15 µs
         a span on the benchmark machine, docs/performance-analyzer.md); on Jaeger JSON, an
         orjson parse plus the conversion.
 

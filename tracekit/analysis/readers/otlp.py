@@ -189,8 +189,8 @@ def line_spans(line: bytes | bytearray, stats: ReadStats) -> list[Span] | None:
         another reader: a span to skip, a type msgspec refuses, invalid UTF-8, not OTLP,
         not JSON.
 
-    Cost: msgspec's decode plus the conversion, ~10 µs a span of tracekit's on plain Python
-    (docs/performance-analyzer.md).
+    Cost: msgspec's decode plus the conversion, ~15 µs a span of tracekit's as plain Python,
+    of which the decode is ~6 µs (docs/performance-analyzer.md).
     """
     if not line.isascii():
         try:

@@ -29,7 +29,8 @@ the previous range's worker and the pipe to the next one's.
 Cost: one process start per worker (~0.2 s), the set-aside spans (at most ``reach`` spans,
 plus later spans of those traces) assembled after the range, the end state (the open
 traces, ~``flush_after`` spans) packed between neighbours, the statistics and a share of the
-packed sample sent to the parent, where the sample is unpacked (~10 µs a request).
+packed sample sent to the parent, where the sample is unpacked (~50 µs a request as plain
+Python: about a second for 20,000, mostly while the last range is still being read).
 """
 
 from __future__ import annotations
