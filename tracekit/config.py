@@ -175,6 +175,10 @@ def _setting(value: T | None, env: str, parse: Callable[[str], T], default: T,
     return parsed
 
 
+def _positive(value: object) -> bool:
+    return _non_negative(value) and value != 0
+
+
 def _non_negative(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
@@ -270,18 +274,8 @@ def _env_exporter() -> str:
 
 
 def _threshold(value: float | None) -> float:
-    if value is None:
-        raw = os.environ.get("TRACEKIT_BLOCK_THRESHOLD_MS")
-        if raw is None:
-            return DEFAULT_BLOCK_THRESHOLD_MS
-        try:
-            value = float(raw)
-        except ValueError:
-            logger.warning("tracekit: TRACEKIT_BLOCK_THRESHOLD_MS=%r is not a number; using 20", raw)
-            return DEFAULT_BLOCK_THRESHOLD_MS
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigurationError(f"block_threshold_ms must be a positive number, got {value!r}")
-    return float(value)
+    return float(_setting(value, "TRACEKIT_BLOCK_THRESHOLD_MS", float, DEFAULT_BLOCK_THRESHOLD_MS,
+                          _positive, "a positive number"))  # fmt: skip
 
 
 def _env_true(name: str) -> bool:

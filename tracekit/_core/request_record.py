@@ -84,7 +84,7 @@ class Request:
         """Drop what the finished record references once its spans are built (or it is
         dropped). Its ledgers point back at it: without this, every request would be a
         reference cycle left to the cyclic garbage collector."""
-        self.ledgers.clear()  # a stage opened late (after the request ended) is still appended, unbuilt
+        self.ledgers.clear()
         self.root = None
         self.scope = None
         if self.error is not None:

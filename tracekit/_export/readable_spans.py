@@ -63,7 +63,7 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
     contexts: dict[Ledger, SpanContext] = {}  # ledger -> its span context, parents first
     spans = []
     ledgers = request.ledgers
-    for i in range(len(parts)):  # the ledgers split (a stage opened late is not built)
+    for i in range(len(parts)):  # every ledger: none is added once the request is handed on
         led = ledgers[i]
         if led.site is REQUEST:
             contexts[led] = request_context

@@ -90,7 +90,7 @@ def flush_for_shutdown(stop: bool = False) -> None:
     started = time.monotonic()
     until = deadline()
     for runtime in list(runtimes):
-        runtime._expire(everything=True)  # requests still waiting for stages they spawned
+        runtime.expire_lingering(everything=True)  # requests still waiting for stages they spawned
         if not runtime.flush(ms_left(until)):
             _gave_up = True  # later steps (at exit: the SDK provider's shutdown) do not wait
         if stop:

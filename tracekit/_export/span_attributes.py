@@ -183,7 +183,7 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
     cpu = cpu_on = loop_wait = model_wait = io_wait = max_block = 0
     blocked_at = None
     ledgers = request.ledgers
-    for i in range(len(parts)):  # the ledgers split (one opened after that is left out)
+    for i in range(len(parts)):  # the ledgers split (enriching: another task may open one meanwhile)
         led = ledgers[i]
         _, _, wait, waited = parts[i]
         cpu_on += led.cpu_on

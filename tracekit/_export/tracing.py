@@ -134,7 +134,7 @@ class Runtime:
         if self._thread is None:
             self._start_thread()
 
-    def _expire(self, everything: bool = False) -> None:
+    def expire_lingering(self, everything: bool = False) -> None:
         """Hand on the lingering requests past their deadline (``everything``: all of them),
         their open stages ending now; forget those their last stage handed on."""
         lingering = self._lingering
@@ -186,7 +186,7 @@ class Runtime:
         timeout from now)."""
         self._stopped = True
         self._wake.set()
-        self._expire(everything=True)
+        self.expire_lingering(everything=True)
         self._drain()
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -208,7 +208,7 @@ class Runtime:
             self._wake.wait(DRAIN_INTERVAL_S)
             self._wake.clear()
             if self._lingering:
-                self._expire()
+                self.expire_lingering()
             self._drain()
 
     def _drain(self) -> None:
