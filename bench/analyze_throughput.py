@@ -390,7 +390,7 @@ same command in one process, for the same report). Where the CPU time goes, in o
 2. **One pipeline, one worker process per CPU.** The pipeline
    (`tracekit/analysis/pipeline.py`: count spans and services, assemble requests, aggregate)
    runs in the single pass and in each worker of the parallel reader, on spans read by one
-   line loop (`json_lines` in `tracekit/analysis/readers.py`). A large (>= 64 MB per worker)
+   line loop (`json_lines` in `tracekit/analysis/readers/files.py`). A large (>= 64 MB per worker)
    uncompressed OTLP JSON Lines file is cut at line starts into one byte range per worker
    (`tracekit/analysis/readers/parallel.py`); each worker runs the pipeline on its range and the
    parent merges. The report is the one a single pass gives

@@ -1,7 +1,9 @@
 """A simulated OpenAI-compatible model server (what vLLM would be), for the examples and tests.
 
 ``POST /v1/chat/completions`` with ``{"messages": [...], "max_tokens": N, "stream": bool}``:
-it "prefills" for ``--prefill-ms``, then "decodes" one token every ``--decode-ms``. With
+it "prefills" for ``--prefill-ms``, then "decodes" one token every ``--decode-ms``. A
+non-streamed reply carries the server's own service time in the ``x-model-ms`` header (a
+measure of the model wait independent of the gateway's tracing). With
 ``--serial`` it serves one request at a time (a lock: a server without continuous batching);
 otherwise requests decode concurrently, as a continuous-batching server does.
 
@@ -34,6 +36,7 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
             yield WORDS[i % len(WORDS)]
 
     async def completions(request: Request) -> Any:
+        began = time.perf_counter()
         body = await request.json()
         n = int(body.get("max_tokens", 16))
         created = int(time.time())
@@ -48,7 +51,8 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words)},
                              "finish_reason": "length"}],
                 "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
-            })  # fmt: skip
+            }, headers={"x-model-ms": f"{(time.perf_counter() - began) * 1000:.3f}",
+                "x-model-done-ns": str(time.perf_counter_ns())})  # fmt: skip
 
         async def events():  # type: ignore[no-untyped-def]
             if lock is not None:

@@ -32,6 +32,10 @@ BLOCKED_AT: Final = "tracekit.blocked_at"
 CHILDREN_MS: Final = "tracekit.children_ms"
 # Async-generator stages: time the consumer held each yielded item (outside the stage's code).
 CONSUMER_MS: Final = "tracekit.consumer_ms"
+# Garbage collection inside the stage's own steps (never counted as its CPU).
+GC_MS: Final = "tracekit.gc_ms"
+# Suspended on a lock, semaphore, condition or queue: waiting for other tasks of the process.
+QUEUE_WAIT_MS: Final = "tracekit.queue_wait_ms"
 # Number of resumptions (steps) of the stage's code.
 STEPS: Final = "tracekit.steps"
 # The stage's own slices on the event loop that lasted >= 1 ms, as a flat int array
@@ -63,6 +67,26 @@ CANCELLED: Final = "tracekit.cancelled"  # the client went away, or the request 
 INFLIGHT: Final = "tracekit.inflight"
 # The request span's own tracekit attributes reuse WALL_MS, CPU_MS, LOOP_WAIT_MS,
 # MAX_BLOCK_MS, ON_LOOP and BLOCKED_AT with request-wide meaning (sums; max over the request).
+
+# --- loop window span ("tracekit.loop"): what one event loop ran in a window (docs/attributes.md) --
+LOOP_SPAN: Final = "tracekit.loop"
+LOOP_THREAD: Final = "tracekit.loop.thread"  # the loop thread's name
+LOOP_BUSY_RATIO: Final = "tracekit.loop.busy_ratio"  # loop thread CPU / window wall time
+LOOP_CPU_MS: Final = "tracekit.loop.cpu_ms"  # loop thread CPU (kernel per-thread clock)
+LOOP_REQUESTS_CPU_MS: Final = "tracekit.loop.requests_cpu_ms"  # traced requests and tasks they spawned
+LOOP_GC_CPU_MS: Final = "tracekit.loop.gc_cpu_ms"  # garbage collection on the loop thread
+LOOP_TRACEKIT_CPU_MS: Final = "tracekit.loop.tracekit_cpu_ms"  # tracekit's bookkeeping between steps
+LOOP_BACKGROUND_CPU_MS: Final = "tracekit.loop.background_cpu_ms"  # the rest: server, tasks of no request
+LOOP_GC_MS: Final = "tracekit.loop.gc_ms"  # wall time of the collections
+LOOP_GC_COUNTS: Final = "tracekit.loop.gc_counts"  # collections per generation [0, 1, 2]
+LOOP_GC_MAX_MS: Final = "tracekit.loop.gc_max_ms"  # the longest collection
+LOOP_GC_MAX_GENERATION: Final = "tracekit.loop.gc_max_generation"  # its generation
+LOOP_LAG_P50_MS: Final = "tracekit.loop.lag_p50_ms"  # the loop probe: work made ready waits this long
+LOOP_LAG_P95_MS: Final = "tracekit.loop.lag_p95_ms"
+LOOP_LAG_MAX_MS: Final = "tracekit.loop.lag_max_ms"
+LOOP_PROBES: Final = "tracekit.loop.probes"  # probe measurements in the window
+LOOP_INFLIGHT: Final = "tracekit.loop.inflight"  # traced requests in flight at the window's end
+LOOP_TASKS: Final = "tracekit.loop.tasks"  # tasks alive on the loop (counted once in the window)
 
 # --- OpenTelemetry HTTP server semantic conventions (stable) -------------------------------
 HTTP_REQUEST_METHOD: Final = "http.request.method"

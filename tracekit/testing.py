@@ -63,9 +63,17 @@ class FakeClock:
             self._wall += int(round(ms * 1e6))
 
     async def sleep(self, ms: float) -> None:
-        """Suspend the calling coroutine while ``ms`` of wall time passes (an await)."""
-        asyncio.get_running_loop().call_soon(self.advance, ms)  # runs after this task yields
-        await asyncio.sleep(0)
+        """Suspend the calling coroutine while ``ms`` of wall time passes: an await of I/O,
+        which completes (a callback of the loop's) once this task has yielded."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def complete() -> None:
+            self.advance(ms)
+            done.set_result(None)
+
+        loop.call_soon(complete)
+        await done
 
     def __enter__(self) -> FakeClock:
         clock.install(self.wall_ns, self.cpu_ns, self._epoch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -157,19 +158,13 @@ def test_estimator_uses_the_sleep_deadline() -> None:
         sleeping.close()
 
 
-def test_estimator_halves_the_busy_run_for_unknown_readiness() -> None:
-    state = _state((10, 40), (40.2, 100))  # one busy run 10..100 (gap < 1 ms)
-    assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == int(90.5 * MS) // 2
-    assert event_loop.estimate_loop_wait(state, 50 * MS, int(100.5 * MS), None) == int(50.5 * MS) // 2
+def test_estimator_takes_the_probed_lag_for_unknown_readiness() -> None:
+    state = _state((10, 40), (40.2, 100))  # the loop busy up to 100 ms
+    state.lag = 30 * MS  # what the loop probe measured last
+    assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == 30 * MS
+    # Never more than the suspension itself.
+    assert event_loop.estimate_loop_wait(state, 90 * MS, int(100.5 * MS), None) == int(10.5 * MS)
     assert event_loop.estimate_loop_wait(state, 0, 110 * MS, None) == 0  # loop went idle before
-
-
-def test_estimator_ring_wraps() -> None:
-    state = event_loop.ThreadState()
-    for i in range(event_loop.RING * 3):
-        event_loop.record_slice(state, i * MS, i * MS + MS // 2)
-    resumed = (event_loop.RING * 3) * MS
-    assert 0 <= event_loop.estimate_loop_wait(state, 0, resumed, None) <= resumed // 2
 
 
 def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:
@@ -236,6 +231,7 @@ def test_cpu_readings_close_together_are_inferred_with_a_bounded_error() -> None
 def test_a_burst_of_stages_reads_the_cpu_clock_a_few_times_not_at_every_boundary() -> None:
     fake = _CountingClock()
     fake.install()
+    gc.disable()  # a collection reads the clocks too (tracekit._core.gc_pauses)
     try:
         with tracekit.record() as rec:
 
@@ -248,6 +244,7 @@ def test_a_burst_of_stages_reads_the_cpu_clock_a_few_times_not_at_every_boundary
                 tokenize()
             spans = rec.spans
     finally:
+        gc.enable()
         clock.restore()
     assert len(spans) == 5
     assert fake.reads == 1  # 10 step boundaries within 20 us of wall time: one real read

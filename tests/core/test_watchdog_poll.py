@@ -117,9 +117,9 @@ def test_a_busy_healthy_loop_does_not_wake_the_watchdog() -> None:
         watchdog.watch(state)
         deadline = time.perf_counter() + 0.5
         while time.perf_counter() < deadline:  # short slices, one after another
-            event_loop.slice_begin(state, time.perf_counter_ns())
+            event_loop.slice_begin(state, time.perf_counter_ns(), 0)
             sum(range(200))
-            event_loop.slice_end(state, time.perf_counter_ns(), True)
+            event_loop.slice_end(state, time.perf_counter_ns(), 0, True)
             await asyncio.sleep(0)
 
     try:

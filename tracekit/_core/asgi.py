@@ -21,7 +21,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from tracekit._core import active_span, clock, event_loop, ledger
+from tracekit._core import active_span, clock, event_loop, gc_pauses, ledger, loop_view, spawned
 from tracekit._core.current import reset_ledger, set_ledger
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import REQUEST, Ledger, Site
@@ -31,6 +31,7 @@ MAX_GAPS: Final = 4096  # inter-chunk gaps kept per request; beyond, a uniform r
 UNSAMPLED: Final = Ledger(Site("unsampled", "request"), None, None, 0)  # marks "inside a dropped request"
 
 _randrange: Final = random.randrange
+_get_running_loop: Final = asyncio._get_running_loop
 
 
 def begin(runtime: Any, scope: MutableMapping[str, Any]) -> Request | SpanContext | None:
@@ -68,14 +69,24 @@ def begin(runtime: Any, scope: MutableMapping[str, Any]) -> Request | SpanContex
 
 
 def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
-    """Bind the request as the current one (its root ledger and OpenTelemetry context), and
-    have the watchdog watch this loop thread; returns what :func:`leave` unbinds (None: it
-    could not, logged)."""
+    """Bind the request as the current one (its root ledger and OpenTelemetry context), have
+    the watchdog watch this loop thread and the loop's view count the request (the first
+    time on a loop: its task factory and the GC hook are installed); returns what
+    :func:`leave` unbinds (None: it could not, logged)."""
     try:
         state = event_loop.thread_state()
         watchdog = request.runtime.watchdog
         if state.watched is not watchdog and watchdog is not None:
             watchdog.watch(state)
+        loop = _get_running_loop()
+        if loop is not None:
+            view = state.view
+            if view is None or view.loop is not loop:
+                view = loop_view.view_for(loop, state)
+                spawned.install(loop)
+                gc_pauses.install()
+            view.request_started()
+            request.view = view
         return (set_ledger(request.root),
                 otel_context.attach(active_span.request_context(request)))  # fmt: skip
     except Exception:
@@ -108,6 +119,8 @@ def leave(request: Request, tokens: tuple[Token[Ledger | None], object]) -> None
     try:
         otel_context.detach(tokens[1])  # type: ignore[arg-type]
         reset_ledger(tokens[0])
+        if request.view is not None:
+            request.view.request_ended()
         if request.status and not request.end and request.error is None:
             disconnected(request)
         root = request.root

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Generator
 from typing import Any, Final
 
-from tracekit._core import clock, event_loop, ledger
+from tracekit._core import clock, event_loop, ledger, loop_view
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import Ledger
 
@@ -66,18 +66,18 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
                 ledger.resume(cursor, state, inspect, now)
             if not state.slice_start:
                 outermost = True
-                event_loop.slice_begin(state, now, task, loop)
+                event_loop.slice_begin(state, now, cpu, task, loop)
             ledger.step_begin(cursor, state, now, cpu)
         except Exception:
             internal_error("step start")
         try:
             yielded = send(value) if error is None else throw(error)
         except BaseException as exc:  # StopIteration (return) included: pass it through as is
-            _end_step(state, led, outermost, False)
+            _end_step(state, led, outermost, False, False)
             if isinstance(exc, StopIteration):
                 return exc.value
             raise
-        cursor = _end_step(state, led, outermost, True)
+        cursor = _end_step(state, led, outermost, True, yielded is None)
         try:
             value, error = (yield yielded), None
         except GeneratorExit:
@@ -87,9 +87,11 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
             value, error = None, exc
 
 
-def _end_step(state: event_loop.ThreadState, led: Ledger, outermost: bool, suspended: bool) -> Ledger:
+def _end_step(state: event_loop.ThreadState, led: Ledger, outermost: bool, suspended: bool,
+              ready: bool) -> Ledger:  # fmt: skip
     """End the step open on this thread (``led``'s, or a stage's entered inside it); returns
-    its owner, the ledger to resume."""
+    its owner, the ledger to resume. ``ready``: the coroutine suspended with a bare yield (the
+    task is rescheduled at once)."""
     try:
         end = clock.wall_ns()
         cpu = event_loop.cpu_now(state, end)
@@ -98,8 +100,14 @@ def _end_step(state: event_loop.ThreadState, led: Ledger, outermost: bool, suspe
             ledger.step_end(owner, state, end, cpu, True)
             if suspended:
                 owner.suspended_at = end
+                owner.suspended_ready = ready
         if outermost:
-            event_loop.slice_end(state, end, True)
+            event_loop.slice_end(state, end, cpu, True)
+            view = state.view
+            if view is not None and not state.seq & loop_view.SAMPLE_MASK:
+                # tracekit's bookkeeping after a step, measured on one slice in SAMPLE_MASK + 1
+                # (a CPU-clock reading is a system call), counted for all of them
+                view.tracekit_ns += (clock.cpu_ns() - cpu) * (loop_view.SAMPLE_MASK + 1)
         return owner or led  # None: our step was already closed, bookkeeping went wrong
     except Exception:
         internal_error("step end")

@@ -3,29 +3,34 @@
 Every instrumented *step* (one resumption of a stage's or request's coroutine, or one sync
 stage call) that starts while no other step is open on its thread is an **outermost slice**:
 on the event-loop thread it is a stretch of time during which the loop ran our code and
-nothing else. Those slices go into a ring buffer per thread, and are what the loop-wait
-estimator reads (DESIGN §1).
+nothing else. The estimator reads when the last one ended, and the loop view their totals
+(DESIGN §1).
 
 Loop-wait estimator (documented with its bias and measured accuracy in docs/attributes.md):
 when a suspended coroutine resumes at ``resumed`` after suspending at ``suspended``:
 
+0. If the coroutine suspended with a bare yield (``asyncio.sleep(0)``, anyio's checkpoints),
+   its task was rescheduled at once: the whole suspension is loop wait (exact; decided by
+   :func:`tracekit._core.ledger.resume`, from what the driver saw it yield).
 1. If no outermost slice ended during the suspension, the loop ran none of our code
    meanwhile: loop_wait = 0 (uninstrumented callbacks are invisible; bias: low).
 2. If the coroutine was waiting on a timer (``asyncio.sleep``), its ready time is known
    exactly: suspended + delay (read from the suspended ``sleep`` frame, which works on both
    the stdlib loop and uvloop). loop_wait = resumed - max(ready, suspended), or 0 when no
    slice ended after the deadline (the loop was idle then: the rest is timer lateness).
-3. Otherwise (I/O, a future set by another task), the ready time is unknowable: if the loop
-   was busy right up to the resumption (the last slice ended less than ``GAP_NS`` before it),
-   take the contiguous busy run ending there, clipped to the suspension, and assume the
-   readiness arrived uniformly within it: loop_wait = run / 2. Unbiased for one long
-   blocking slice; overestimates when the run is many short callbacks, because the loop
-   serves readiness between callbacks, not only at the end of the run.
+3. Otherwise (I/O, a future set by another task), the ready time is not recorded anywhere.
+   If the loop was busy right up to the resumption (the last slice ended less than
+   ``GAP_NS`` before it), the coroutine waited for the loop as long as work made ready from
+   outside waits there now: the loop probe's latest measurement (``ThreadState.lag``,
+   :mod:`tracekit._core.loop_view`: a timer whose callback makes a second callback ready,
+   as an I/O callback makes a task ready), clipped to the suspension. Otherwise the loop
+   was idle when the readiness came: loop_wait = 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,8 +42,9 @@ if TYPE_CHECKING:
 # A CPU-clock reading within this many ns of wall time after the last real one on the same
 # thread is inferred from it (see cpu_now).
 CPU_REUSE_NS: Final = 20_000
-RING: Final = 256  # outermost slices remembered per thread; the estimator looks back at most this far
-GAP_NS: Final = 1_000_000  # busy slices closer than this count as one busy run (loop dispatch, select)
+GAP_NS: Final = 1_000_000  # a loop idle this long before a resumption was not what delayed it
+# Suspensions at least this long are checked for what they waited on (a lock, a queue, ...).
+QUEUE_MIN_NS: Final = 1_000_000
 
 _SLEEP_CODE: Final = asyncio.sleep.__code__
 
@@ -48,11 +54,13 @@ class ThreadState:
 
     Each field has one writer: ``top`` (the innermost open step) is written by
     :mod:`tracekit._core.ledger` as steps begin and end; ``watched`` and ``cell`` by the
-    watchdog (:mod:`tracekit._core.watchdog`); everything else by this module.
+    watchdog (:mod:`tracekit._core.watchdog`); ``gc`` by :mod:`tracekit._core.gc_pauses`;
+    ``lag`` and ``view`` by :mod:`tracekit._core.loop_view`; everything else by this module.
     """
 
-    __slots__ = ("cell", "cpu_at", "cpu_last", "ident", "loop", "name", "ring_end", "ring_i",
-                 "ring_start", "seq", "slice_start", "task", "top", "watched")  # fmt: skip
+    __slots__ = ("busy_cpu", "busy_wall", "cell", "cpu_at", "cpu_last", "gc", "ident", "lag",
+                 "last_end", "loop", "name", "seq", "slice_c0",
+                 "slice_start", "task", "top", "view", "watched")  # fmt: skip
 
     def __init__(self) -> None:
         thread = threading.current_thread()
@@ -69,9 +77,16 @@ class ThreadState:
         self.cpu_at = -CPU_REUSE_NS - 1  # wall ns of the last real CPU-clock reading (cpu_now)
         self.cpu_last = 0  # that reading
         self.seq = 0  # number of outermost slices begun, for the watchdog's staleness check
-        self.ring_start = [0] * RING
-        self.ring_end = [0] * RING
-        self.ring_i = 0
+        self.slice_c0 = 0  # thread CPU ns when the open outermost slice began
+        # Loop threads: CPU and wall time of all outermost slices so far (tracekit._core.loop_view
+        # reads them per window).
+        self.busy_cpu = self.busy_wall = 0
+        # The loop's recent queueing delay (ns) for work made ready from outside, measured by
+        # the loop probe (tracekit._core.loop_view): what an I/O resumption waits for the loop.
+        self.lag = 0
+        self.gc: Any = None  # garbage collections on this thread (tracekit._core.gc_pauses.Pauses)
+        self.view: Any = None  # the loop view of the loop this thread runs (tracekit._core.loop_view)
+        self.last_end = 0  # wall ns when the last outermost slice on a loop thread ended
         self.watched: object = None  # the watchdog sampling this thread (see _watchdog.py)
         # Where a watchdog polling without the GIL reads slice_start: an array('q') of one
         # item, None when no such watchdog watches this thread (see _watchdog.py).
@@ -110,10 +125,12 @@ def cpu_now(state: ThreadState, now: int) -> int:
     return cpu
 
 
-def slice_begin(state: ThreadState, now: int, task: object = None, loop: Any = None) -> None:
-    """An outermost slice begins: a driven step (``task``, run by ``loop``, is the task whose
-    coroutine a tracekit driver steps), or a sync stage called outside any step."""
+def slice_begin(state: ThreadState, now: int, cpu: int, task: object = None, loop: Any = None) -> None:
+    """An outermost slice begins at wall time ``now``, thread CPU ``cpu``: a driven step
+    (``task``, run by ``loop``, is the task whose coroutine a tracekit driver steps), or a sync
+    stage called outside any step."""
     state.slice_start = now
+    state.slice_c0 = cpu
     state.task = task
     state.loop = loop
     state.seq += 1
@@ -122,8 +139,9 @@ def slice_begin(state: ThreadState, now: int, task: object = None, loop: Any = N
         cell[0] = now
 
 
-def slice_end(state: ThreadState, end: int, on_loop: bool) -> None:
-    """The open outermost slice ends; on a loop thread it is remembered for the estimator."""
+def slice_end(state: ThreadState, end: int, cpu: int, on_loop: bool) -> None:
+    """The open outermost slice ends (wall ``end``, thread CPU ``cpu``); on a loop thread it
+    is remembered for the estimator and counted as the loop's traced work."""
     start = state.slice_start
     state.slice_start = 0
     state.task = state.loop = None
@@ -132,14 +150,13 @@ def slice_end(state: ThreadState, end: int, on_loop: bool) -> None:
         cell[0] = 0
     if on_loop:
         record_slice(state, start, end)
+        state.busy_cpu += cpu - state.slice_c0
 
 
 def record_slice(state: ThreadState, start: int, end: int) -> None:
-    """Remember one outermost slice (ring buffer, overwrites the oldest)."""
-    i = state.ring_i % RING
-    state.ring_start[i] = start
-    state.ring_end[i] = end
-    state.ring_i += 1
+    """Count one outermost slice of a loop thread (``start`` to ``end``, wall ns)."""
+    state.last_end = end
+    state.busy_wall += end - start
 
 
 def sleep_ready_ns(awaiting: Any, suspended: int) -> int | None:
@@ -167,27 +184,62 @@ def sleep_ready_ns(awaiting: Any, suspended: int) -> int | None:
     return None
 
 
+_sync_codes: frozenset[Any] = frozenset()
+_sync_codes_anyio = False
+
+
+def _synchronization_codes() -> frozenset[Any]:
+    """The code of the coroutines that wait for another task of the process: asyncio's and,
+    once imported, anyio's locks, semaphores, conditions and queues (not events: anyio's
+    sockets wait for data on an ``asyncio.Event``)."""
+    global _sync_codes, _sync_codes_anyio
+    anyio_backend = sys.modules.get("anyio._backends._asyncio")
+    if _sync_codes and (_sync_codes_anyio or anyio_backend is None):
+        return _sync_codes
+    functions: list[Any] = [asyncio.Lock.acquire, asyncio.Semaphore.acquire, asyncio.Condition.wait,
+                            asyncio.Queue.get, asyncio.Queue.put]  # fmt: skip
+    if anyio_backend is not None:
+        memory = sys.modules.get("anyio.streams.memory")
+        functions += [getattr(anyio_backend, name).__dict__.get(method) for name, method in
+                      (("Lock", "acquire"), ("Semaphore", "acquire"),
+                       ("CapacityLimiter", "acquire_on_behalf_of"))]  # fmt: skip
+        if memory is not None:
+            functions += [memory.MemoryObjectReceiveStream.receive, memory.MemoryObjectSendStream.send]
+        _sync_codes_anyio = True
+    _sync_codes = frozenset(f.__code__ for f in functions if hasattr(f, "__code__"))
+    return _sync_codes
+
+
+def waits_for_a_task(awaiting: Any) -> bool:
+    """Whether the coroutine ``awaiting`` is suspended on a lock, semaphore, condition or
+    queue: waiting for another task of this process (queue wait), not for I/O."""
+    codes = _synchronization_codes()
+    node = getattr(awaiting, "cr_await", None) or getattr(awaiting, "ag_await", None)
+    for _ in range(64):  # bounded: a hostile or cyclic chain must not hang the request
+        if node is None:
+            return False
+        if getattr(node, "cr_code", None) in codes:
+            return True
+        node = (
+            getattr(node, "cr_await", None)
+            or getattr(node, "gi_yieldfrom", None)
+            or getattr(node, "ag_await", None)
+        )
+    return False
+
+
 def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaiting: Any) -> int:
     """Estimated ns the resumed coroutine was ready but the loop was busy (see module doc)."""
-    count = min(state.ring_i, RING)
-    if count == 0:
-        return 0
-    last = (state.ring_i - 1) % RING
-    ends, starts = state.ring_end, state.ring_start
-    if ends[last] <= suspended:
+    last_end = state.last_end
+    if last_end <= suspended:
         return 0
     ready = sleep_ready_ns(awaiting, suspended)
     if ready is not None:
-        if ends[last] <= ready:  # the loop went idle before the deadline: timer lateness only
+        if last_end <= ready:  # the loop went idle before the deadline: timer lateness only
             return 0
         return max(0, resumed - max(ready, suspended))
-    if resumed - ends[last] > GAP_NS:
+    if resumed - last_end > GAP_NS:
         return 0
-    run_start = starts[last]
-    for back in range(1, count):
-        j = (last - back) % RING
-        if ends[j] <= suspended or ends[j] < run_start - GAP_NS:
-            break
-        run_start = min(run_start, starts[j])
-    run_start = max(run_start, suspended)
-    return max(0, resumed - run_start) // 2
+    lag = state.lag
+    held = resumed - suspended
+    return lag if lag < held else held

@@ -6,12 +6,15 @@ components, off the hot path.
 
 Split of a ledger's wall time, each nanosecond counted once::
 
-    wall = cpu + wait + loop_wait + children + consumer
+    wall = cpu + wait + loop_wait + queued + children + consumer + gc
 
 - ``cpu``: thread CPU of the ledger's own steps; a nested stage's step CPU is subtracted from
   the step that contains it (``nested_cpu``), so CPU is exclusive.
 - ``children``: wall time covered by direct child stages (union of their intervals).
 - ``consumer``: async-generator stages only: time the consumer held a yielded item.
+- ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`).
+- ``queued``: suspended on a lock, semaphore, condition or queue: waiting for other tasks of
+  the process (:func:`tracekit._core.event_loop.waits_for_a_task`), not for I/O.
 - ``loop_wait``: estimated by :mod:`tracekit._core.event_loop` at each resumption.
 - ``wait``: the rest: suspended waiting on I/O / the model, or blocked off-CPU in a sync call.
 """
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
 MS: Final = 1e6
 SLICE_NOTE_NS: Final = 1_000_000  # slices/waits at least this long are kept for the loop timeline
 MAX_NOTES: Final = 32  # per ledger; the longest are kept
+# A checkpoint resumed this shortly before the next suspension began is part of that wait (resume).
+CHECKPOINT_GAP_NS: Final = 200_000
 
 
 class Site:
@@ -64,6 +69,9 @@ class Site:
 
 
 REQUEST: Final = Site("request", "request")  # the site of every request's root ledger
+# The site of every spawned task's ledger (tracekit._core.spawned): folded into the ledger
+# that spawned it, never a span of its own.
+SPAWNED: Final = Site("spawned task", "task")
 
 
 class Ledger:
@@ -79,6 +87,8 @@ class Ledger:
     __slots__ = (
         "__dict__",
         "active_children",
+        "checkpoint_at",
+        "checkpoint_wait",
         "child_spans",
         "cpu_off",
         "cpu_on",
@@ -99,6 +109,7 @@ class Ledger:
         "step_t0",
         "steps",
         "suspended_at",
+        "suspended_ready",
         "sync_call",
         "token",
     )  # fmt: skip
@@ -113,6 +124,9 @@ class Ledger:
     owns_slice: bool  # a sync call's step began the thread's outermost slice (tracekit._core.stage_timing)
 
     consumer = 0  # async generators: ns the consumer held yielded items
+    gc = 0  # ns of garbage collection inside its own steps (tracekit._core.gc_pauses)
+    queued = 0  # ns suspended on a lock, semaphore, condition or queue (waiting for other tasks)
+    spawner: Ledger | None = None  # a spawned task's ledger: the ledger current when it was created
     slices: list[tuple[int, int]] | None = None  # (start, duration) >= 1 ms, on the loop
     waits: list[tuple[int, int]] | None = None  # (ready, duration) >= 1 ms
     blocked: list[tuple[int, float, str, str]] | None = None  # watchdog catches
@@ -130,6 +144,12 @@ class Ledger:
         self.start = start or clock.wall_ns()
         self.end = self.cpu_on = self.cpu_off = self.loop_wait = self.max_block = 0
         self.steps = self.active_children = self.suspended_at = 0
+        # Its coroutine suspended already ready to resume (a bare yield: ``asyncio.sleep(0)``,
+        # anyio's checkpoints): the task is rescheduled at once, all of the suspension is loop wait.
+        self.suspended_ready = False
+        # The last checkpoint (bare yield) since the last other suspension: when it began and
+        # the loop wait booked for it (0: none), see resume().
+        self.checkpoint_at = self.checkpoint_wait = 0
         # A sync call's ledger (tracekit._core.stage_timing.step_in): code running while its step is
         # open is synchronous, so a block entered there can take the step over.
         self.sync_call = False
@@ -215,15 +235,42 @@ def switch(state: event_loop.ThreadState, outer: Ledger | None, inner: Ledger | 
 
 
 def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) -> None:
-    """Account the resumption at ``now`` of ``led``'s coroutine, suspended since ``led.suspended_at``."""
+    """Account the resumption at ``now`` of ``led``'s coroutine, suspended since ``led.suspended_at``.
+
+    A suspension is one of: ready at once (a bare yield: a checkpoint): all loop wait; on a
+    lock, semaphore or queue: queue wait; anything else (I/O, mostly): the loop wait the
+    estimator gives, the rest wait. A checkpoint taken just before waiting for I/O (anyio's
+    ``receive`` checks for cancellation, then waits for data) overlaps that wait: its loop
+    wait counts only from when the data arrived (resumption - estimated loop wait) on, as
+    the request would not have gone faster without it.
+    """
     suspended = led.suspended_at
     led.suspended_at = 0
-    if not led.active_children:
+    if led.active_children:
+        return
+    held = now - suspended
+    if led.suspended_ready:
+        waited = held
+        led.checkpoint_at = suspended
+        led.checkpoint_wait = held
+    elif held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
+        led.queued += held
+        led.checkpoint_wait = 0
+        return
+    else:
         waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting)
-        if waited:
-            led.loop_wait += waited
-            if waited >= SLICE_NOTE_NS:
-                led.waits = note(led.waits, now - waited, waited)
+        checkpoint = led.checkpoint_wait
+        if checkpoint:
+            led.checkpoint_wait = 0
+            start = led.checkpoint_at
+            if suspended - (start + checkpoint) < CHECKPOINT_GAP_NS:  # right before this wait
+                overlapped = now - waited - start  # from the checkpoint to the data's arrival
+                if overlapped > 0:
+                    led.loop_wait -= overlapped if overlapped < checkpoint else checkpoint
+    if waited:
+        led.loop_wait += waited
+        if waited >= SLICE_NOTE_NS:
+            led.waits = note(led.waits, now - waited, waited)
 
 
 def close(led: Ledger, end: int = 0) -> bool:
@@ -285,7 +332,8 @@ def cpu_of(led: Ledger) -> int:
 def split(led: Ledger, end: int) -> tuple[int, int, int, int]:
     """``(wall, children, wait, loop_wait)`` of ``led`` ended at ``end``, in ns (module doc).
 
-    ``cpu`` is ``led.cpu_on + led.cpu_off`` and ``consumer`` is ``led.consumer``, as recorded.
+    ``cpu`` is ``led.cpu_on + led.cpu_off``; ``consumer``, ``gc`` and ``queued`` are the
+    ledger's, as recorded.
     """
     start = led.start
     wall = end - start
@@ -293,7 +341,7 @@ def split(led: Ledger, end: int) -> tuple[int, int, int, int]:
         wall = 0
     spans = led.child_spans
     children = covered_ns(spans, start, start + wall) if spans else 0
-    free = wall - children - led.consumer - cpu_of(led)
+    free = wall - children - led.consumer - cpu_of(led) - led.gc - led.queued
     if free < 0:
         free = 0
     loop_wait = led.loop_wait if led.loop_wait < free else free

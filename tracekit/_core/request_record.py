@@ -61,6 +61,7 @@ class Request:
     cancelled = False
     cutoff = 0  # handed on with ledgers still open (Runtime.linger): when; they end there
     enrich: Any = None  # an already-active server span we add attributes to
+    view: Any = None  # the loop view counting it in flight (tracekit._core.loop_view)
 
     def __init__(self, runtime: Any, trace_id: int, parent_span_id: int | None,
                  remote_parent: bool, trace_state: Any, server: bool) -> None:  # fmt: skip

@@ -118,7 +118,7 @@ def step_in(led: Ledger) -> int:
     cpu = event_loop.cpu_now(state, now)
     led.owns_slice = state.top is None and not state.slice_start
     if led.owns_slice:
-        event_loop.slice_begin(state, now)
+        event_loop.slice_begin(state, now, cpu)
     ledger.step_begin(led, state, now, cpu)
     return now
 
@@ -131,7 +131,7 @@ def step_out(led: Ledger) -> int:
     loop = on_loop(state)
     ledger.step_end(led, state, end, cpu, loop)
     if led.owns_slice:
-        event_loop.slice_end(state, end, loop)
+        event_loop.slice_end(state, end, cpu, loop)
     return end
 
 

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from tracekit import semconv
 from tracekit._core import clock
-from tracekit._core.ledger import REQUEST, Ledger
+from tracekit._core.ledger import REQUEST, SPAWNED, Ledger
 from tracekit._core.request_record import Request
 from tracekit._export import sdk, span_attributes
 
@@ -67,6 +67,8 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
         led = ledgers[i]
         if led.site is REQUEST:
             contexts[led] = request_context
+            continue
+        if led.site is SPAWNED:  # a spawned task's: folded into the ledger that spawned it
             continue
         wall, children, wait, loop_wait = parts[i]
         context = contexts[led] = sdk.span_context(trace_id, led.span_id, trace_state, valid)

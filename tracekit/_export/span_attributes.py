@@ -13,7 +13,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from tracekit import semconv
-from tracekit._core.ledger import MS, Ledger, cpu_of, split
+from tracekit._core.ledger import MS, SPAWNED, Ledger, cpu_of, split
 from tracekit._core.request_record import Request
 from tracekit._percentile import percentile
 from tracekit.semconv import (
@@ -149,6 +149,10 @@ def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait
         attrs[CHILDREN_MS] = children / MS
     if led.consumer:
         attrs[CONSUMER_MS] = led.consumer / MS
+    if led.gc:
+        attrs[semconv.GC_MS] = led.gc / MS
+    if led.queued:
+        attrs[semconv.QUEUE_WAIT_MS] = led.queued / MS
     if led.slices:
         attrs[LOOP_SLICES_US] = _offsets(led.slices, led.start)
     if led.waits:
@@ -180,12 +184,16 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
     end = end_of(request)
     if parts is None:
         parts = ledger_parts(request, end)
-    cpu = cpu_on = loop_wait = model_wait = io_wait = max_block = 0
+    cpu = cpu_on = loop_wait = model_wait = io_wait = max_block = gc = queued = 0
     blocked_at = None
     ledgers = request.ledgers
     for i in range(len(parts)):  # the ledgers split (enriching: another task may open one meanwhile)
         led = ledgers[i]
+        if led.site is SPAWNED:  # folded into the ledger that spawned it
+            continue
         _, _, wait, waited = parts[i]
+        gc += led.gc
+        queued += led.queued
         cpu_on += led.cpu_on
         cpu += cpu_of(led)
         loop_wait += waited
@@ -208,6 +216,10 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
     attrs[LOOP_WAIT_MS] = loop_wait / MS
     attrs[MODEL_WAIT_MS] = model_wait / MS
     attrs[IO_WAIT_MS] = io_wait / MS
+    if gc:
+        attrs[semconv.GC_MS] = gc / MS
+    if queued:
+        attrs[semconv.QUEUE_WAIT_MS] = queued / MS
     attrs[OVERHEAD_MS] = max(0.0, wall - model_wait / MS)
     attrs[MAX_BLOCK_MS] = max_block / MS
     attrs[ON_LOOP] = cpu_on * 2 >= cpu and cpu > 0

@@ -31,6 +31,8 @@ from tracekit._core.request_record import HANDED_ON, Request
 from tracekit._export import shutdown
 
 DRAIN_INTERVAL_S = 0.05
+# The loop view's window (tracekit._core.loop_view): one tracekit.loop span per loop this often.
+LOOP_WINDOW_S = 1.0
 # Finished requests waiting for the span-building thread. At WAKE_AT the builder is woken
 # early. Past half of MAX_QUEUE it is losing the GIL to a saturated loop (a thread waiting for
 # the GIL rarely wins it from one that releases and retakes it around every select): the
@@ -83,6 +85,7 @@ class Runtime:
         self._scope: Any = None
         self._spans: Any = None  # tracekit._export.readable_spans, imported on first use (it imports the SDK)
         self.watchdog: Any = None
+        self._window_at = time.monotonic()  # when the last loop windows were built
         self._processors = sdk.processors  # the processors to hand spans to (see sdk.processors)
         self._sync_multi = sdk.sync_multi_type() if processor is not None else None
         shutdown.runtimes.add(self)
@@ -172,6 +175,7 @@ class Runtime:
         """
         deadline = time.monotonic() + timeout_ms / 1000
         self._drain()
+        self._loop_windows()
         while self._helping and time.monotonic() < deadline:  # another thread is helping
             time.sleep(0.001)
         processor = self.processor
@@ -210,6 +214,8 @@ class Runtime:
             if self._lingering:
                 self.expire_lingering()
             self._drain()
+            if time.monotonic() - self._window_at >= LOOP_WINDOW_S:
+                self._loop_windows()
 
     def _drain(self) -> None:
         """Build every queued request (under the lock: a flush returns only after the
@@ -220,12 +226,7 @@ class Runtime:
 
     def _build_one(self) -> bool:
         """Build and deliver the oldest queued request; False when none is queued."""
-        spans_module = self._spans
-        if spans_module is None:
-            from tracekit._export import readable_spans  # the SDK, only once something is recorded
-
-            spans_module = self._spans = readable_spans
-            self._scope = readable_spans.instrumentation_scope()
+        spans_module = self._spans or self._span_module()
         try:
             request = self._queue.popleft()
         except IndexError:
@@ -239,6 +240,37 @@ class Runtime:
             request.release()
         self._deliver(spans)
         return True
+
+    def _span_module(self) -> Any:
+        """:mod:`tracekit._export.readable_spans`, imported on first use (it imports the SDK)."""
+        from tracekit._export import readable_spans
+
+        self._spans = readable_spans
+        self._scope = readable_spans.instrumentation_scope()
+        return readable_spans
+
+    def _loop_windows(self) -> None:
+        """A ``tracekit.loop`` span per loop for the window ending now (the active runtime
+        only: the loop views are the process's)."""
+        self._window_at = time.monotonic()
+        if current.active_runtime is not self:
+            return
+        from tracekit._core.loop_view import live_views
+        from tracekit._export import loop_spans
+
+        if self._spans is None:
+            self._span_module()
+        spans = []
+        for view in live_views():
+            try:
+                span = loop_spans.build(view, self.resource, self._scope)
+            except Exception:
+                internal_error("loop window")
+                continue
+            if span is not None:
+                spans.append(span)
+        if spans:
+            self._deliver(spans)
 
     def _deliver(self, spans: list[Any]) -> None:
         processor = self.processor

@@ -66,7 +66,8 @@ def check_invariants(spans: list[Any]) -> None:
         assert cpu + children <= wall + EPS_MS, where
         assert a[sc.WAIT_MS] >= 0 and a[sc.LOOP_WAIT_MS] >= 0, where
         if a[sc.WAIT_MS] + a[sc.LOOP_WAIT_MS] > 0:
-            total = cpu + children + a[sc.WAIT_MS] + a[sc.LOOP_WAIT_MS] + a.get(sc.CONSUMER_MS, 0.0)
+            total = (cpu + children + a[sc.WAIT_MS] + a[sc.LOOP_WAIT_MS] + a.get(sc.CONSUMER_MS, 0.0)
+                     + a.get(sc.GC_MS, 0.0) + a.get(sc.QUEUE_WAIT_MS, 0.0))
             assert total == pytest.approx(wall, abs=1e-3), where
 
 

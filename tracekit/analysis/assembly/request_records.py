@@ -87,6 +87,9 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
                 siblings.append(span)
     heads = [s for s in by_id.values() if s.kind == "server"]
     if not heads and not late:
+        # A loop window (tracekit.loop) is not a request.
+        if all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in by_id.values()):
+            return []
         # Pure cycles have no root at all: the earliest span stands in for one.
         heads = roots or [min(by_id.values(), key=_BY_START)]
     if len(heads) > 1:

@@ -1,0 +1,215 @@
+"""A gateway shaped like a real LLM proxy, and the model server it calls.
+
+The shape of open-source LLM proxies (LiteLLM's, say), with tracekit added as a user would
+(the middleware and one stage): the upstream call runs in a task of its own; the response is
+post-processed there, unstaged; spend logging runs after the response as a background task
+the request spawns, and as a plain callback; streamed replies relay the model's chunks
+through Starlette's StreamingResponse (which runs the body in an anyio task group). The
+model server is a separate process (``examples/model_server.py``) that reports its own
+service time in the ``x-model-ms`` header, the independent measure of model wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+import tracekit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spin(units: float) -> int:
+    """A fixed amount of pure-Python CPU work (about 1 ms per unit on this machine)."""
+    total = 0
+    for i in range(int(units * 20_000)):
+        total += i * i % 7
+    return total
+
+
+@tracekit.stage("tokenize")
+def tokenize(text: str, units: float) -> int:
+    spin(units)
+    return len(text)
+
+
+class Proxy:
+    """The gateway: ``app`` (ASGI, traced), its loop thread's native id once it has served."""
+
+    def __init__(self, model_url: str, tokenize_units: float = 1.0, parse_units: float = 1.0,
+                 log_units: float = 0.5, callback_units: float = 0.05) -> None:  # fmt: skip
+        self.model_url = model_url
+        self.units = (tokenize_units, parse_units, log_units, callback_units)
+        self.loop_tid = 0
+        self.model_ms: list[float] = []  # the model server's own service time, per call
+        self.background: set[asyncio.Task[Any]] = set()
+        self.client: httpx.AsyncClient | None = None
+        routes = [Route("/v1/chat/completions", self.completions, methods=["POST"])]
+        self.app = tracekit.TracekitMiddleware(Starlette(routes=routes))
+
+    def _client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(base_url=self.model_url, timeout=60,
+                                            limits=httpx.Limits(max_connections=256))  # fmt: skip
+        return self.client
+
+    @tracekit.stage("model")
+    async def call_model(self, body: dict[str, Any]) -> httpx.Response:
+        return await self._client().post("/v1/chat/completions", json=body)
+
+    async def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The upstream call, as the proxy's router runs it: in a task of its own."""
+        response = await self.call_model(body)
+        self.model_ms.append(float(response.headers["x-model-ms"]))
+        data: dict[str, Any] = response.json()
+        spin(self.units[1])  # response post-processing, unstaged
+        return data
+
+    async def log_spend(self, data: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        spin(self.units[2])
+        json.dumps(data)
+
+    def log_callback(self) -> None:
+        spin(self.units[3])
+
+    def after_response(self, data: dict[str, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(self.log_spend(data))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        asyncio.get_running_loop().call_soon(self.log_callback)
+
+    async def completions(self, request: Request) -> Any:
+        self.loop_tid = threading.get_native_id()
+        body = await request.json()
+        tokenize(json.dumps(body["messages"]), self.units[0])
+        if not body.get("stream"):
+            data = await asyncio.create_task(self.upstream(body))
+            self.after_response(data)
+            return JSONResponse(data)
+
+        async def relay() -> Any:
+            async with self._client().stream("POST", "/v1/chat/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line:
+                        spin(self.units[1] / 10)
+                        yield line + "\n\n"
+            self.after_response({"streamed": True})
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ModelServer:
+    """``examples/model_server.py`` in a process of its own, on a free loopback port."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "model_server.py"), "--port", str(self.port), *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("the model server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def thread_cpu_ns(tid: int) -> int:
+    """CPU time of thread ``tid`` of this process, from ``/proc`` (schedstat: ns on CPU)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def drive_load(url: str, requests: int, concurrency: int, stream_every: int = 0,
+               max_tokens: int = 8, timeout_s: float = 120) -> list[float]:  # fmt: skip
+    """``requests`` chat requests from ``concurrency`` closed-loop clients (a thread running
+    its own loop); every ``stream_every``-th streamed. Returns each request's latency (s)."""
+    latencies: list[float] = []
+
+    async def run() -> None:
+        counter = iter(range(requests))
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(base_url=url, timeout=60,
+                                     limits=httpx.Limits(max_connections=concurrency)) as client:  # fmt: skip
+            async def worker() -> None:
+                for i in counter:
+                    if time.monotonic() > deadline:
+                        return
+                    stream = bool(stream_every) and i % stream_every == 0
+                    body = {"messages": [{"role": "user", "content": "hello " * 20}],
+                            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+                    start = time.perf_counter()
+                    response = await client.post("/v1/chat/completions", json=body)
+                    response.raise_for_status()
+                    latencies.append(time.perf_counter() - start)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    thread = threading.Thread(target=asyncio.run, args=(run(),), name="load")
+    thread.start()
+    thread.join(timeout_s + 30)
+    return latencies
+
+
+_PROBE = """
+import json, sys, time, urllib.request
+url, seconds = sys.argv[1], float(sys.argv[2])
+body = json.dumps({"messages": [{"role": "user", "content": "probe"}], "max_tokens": int(sys.argv[3])}).encode()
+latencies = []
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    start = time.perf_counter()
+    request = urllib.request.Request(url + "/v1/chat/completions", body, {"content-type": "application/json"})
+    urllib.request.urlopen(request, timeout=30).read()
+    latencies.append((time.perf_counter() - start) * 1000)
+    time.sleep(0.02)
+print(json.dumps(latencies))
+"""
+
+
+class DirectProbe:
+    """A client in a process of its own calling the model server one request at a time for
+    ``seconds``: the model's latency as a quiet client sees it, during the gateway's load."""
+
+    def __init__(self, url: str, seconds: float, max_tokens: int = 8) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _PROBE, url, str(seconds), str(max_tokens)],
+                                        stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def latencies(self) -> list[float]:
+        out, _ = self.process.communicate(timeout=120)
+        return list(json.loads(out))

@@ -1,0 +1,198 @@
+"""The whole event loop: its probe, and what it ran per window (DESIGN §1).
+
+One :class:`LoopView` per event loop a traced request has run on (made by :func:`view_for`
+on the loop's thread). It does two things:
+
+**The probe** measures how long work made ready from outside waits for the loop. While
+requests are in flight, a timer fires every ``PROBE_S``; its callback makes a second callback
+ready (``call_soon``), as an I/O callback (``data_received``) makes the task awaiting the
+data ready. The delay from the timer's deadline to the second callback is what a resumption
+after I/O waits for the loop, except the timer's own lateness when the loop was idle at the
+deadline (the loop sleeps in its poll with millisecond timeouts): then only the second hop
+counts. The latest measurement is ``ThreadState.lag``, which the loop-wait estimator reads
+(:func:`tracekit._core.event_loop.estimate_loop_wait`); every measurement of a window goes
+into its percentiles. Two callbacks per probe, a few µs each: ~0.05% of the loop.
+
+**The window** (:meth:`LoopView.window`, read by the runtime's span-building thread every
+``WINDOW_S``) splits the loop thread's CPU time, read from the kernel's per-thread clock, into
+
+- ``requests``: traced work (the outermost slices of requests and of the tasks they spawned,
+  :mod:`tracekit._core.spawned`), garbage collection inside them left out;
+- ``gc``: collections on the loop thread (:mod:`tracekit._core.gc_pauses`);
+- ``tracekit``: tracekit's bookkeeping after each traced step, read with the thread's CPU
+  clock on one slice in 64 and scaled (the bookkeeping before a step is inside the step's
+  CPU, a fraction of a µs; span building runs on a thread of its own);
+- ``background``: the rest: the server's own code (HTTP parsing, writes), tasks and callbacks
+  of no request, the loop's own dispatch.
+
+plus the busy share (thread CPU / window wall time), GC pauses by generation, the longest
+pause, the requests in flight and the tasks alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Final
+
+from tracekit._core import clock, event_loop
+from tracekit._core.failsafe import internal_error
+from tracekit._core.gc_pauses import GENERATIONS, Pauses
+
+PROBE_S: Final = 0.01
+PROBE_NS: Final = int(PROBE_S * 1e9)
+# tracekit's own CPU after a traced step is read on one outermost slice in SAMPLE_MASK + 1.
+SAMPLE_MASK: Final = 63
+MAX_LAGS: Final = 1024  # probe measurements kept per window (a probe every 10 ms: 100 a second)
+
+
+def _thread_cpu_clock(ident: int | None) -> int | None:
+    """The kernel's CPU clock of thread ``ident`` (readable from any thread), where it has one."""
+    try:
+        return time.pthread_getcpuclockid(ident or 0)
+    except (AttributeError, OSError):
+        return None
+
+
+class LoopView:
+    """One event loop: its probe (run on the loop's thread) and its window counters."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, state: event_loop.ThreadState) -> None:
+        self.loop = loop
+        self.state = state
+        self.thread_name = state.name
+        self.cpu_clock = _thread_cpu_clock(state.ident)
+        self.inflight = 0  # traced requests running on this loop now (written on the loop thread)
+        self.tracekit_ns = 0  # tracekit's bookkeeping after traced steps, sampled (tracekit._core.driver)
+        self.probing = False
+        self.deadline = 0
+        self.fired = 0
+        self.lags: list[int] = []  # this window's probe measurements, ns
+        self.tasks = -1  # tasks alive, counted by the first probe of a window (-1: not yet)
+        self._count_tasks = True
+        # The previous window's readings (read and written by the span-building thread only).
+        self._at = clock.wall_ns()
+        self._cpu = self._read_cpu()
+        self._busy_cpu = state.busy_cpu
+        self._tracekit = 0
+        self._gc = _gc_snapshot(state.gc)
+
+    # --- the probe (loop thread) ------------------------------------------------------------
+    def request_started(self) -> None:
+        """A traced request begins on this loop: count it, and probe while any runs."""
+        self.inflight += 1
+        if not self.probing:
+            self.probing = True
+            self._schedule()
+
+    def request_ended(self) -> None:
+        self.inflight -= 1
+
+    def _schedule(self) -> None:
+        self.deadline = clock.wall_ns() + PROBE_NS
+        self.loop.call_later(PROBE_S, self._fire)
+
+    def _fire(self) -> None:
+        try:
+            self.fired = clock.wall_ns()
+            self.loop.call_soon(self._hop)
+        except Exception:
+            self.probing = False
+            internal_error("loop probe")
+
+    def _hop(self) -> None:
+        try:
+            now = clock.wall_ns()
+            state = self.state
+            # The loop was busy at the deadline if traced work ran past it (or runs now): the
+            # timer's lateness was queueing. Otherwise it was the poll's timeout rounding.
+            busy = state.slice_start != 0 or state.last_end > self.deadline
+            lag = now - (self.deadline if busy and self.fired > self.deadline else self.fired)
+            state.lag = lag
+            if len(self.lags) < MAX_LAGS:
+                self.lags.append(lag)
+            if self._count_tasks:
+                self._count_tasks = False
+                self.tasks = len(asyncio.all_tasks(self.loop))
+            if self.inflight > 0:
+                self._schedule()
+            else:
+                self.probing = False
+                state.lag = 0
+        except Exception:
+            self.probing = False
+            internal_error("loop probe")
+
+    # --- the window (span-building thread) --------------------------------------------------
+    def _read_cpu(self) -> int:
+        if self.cpu_clock is None:
+            return 0
+        try:
+            return time.clock_gettime_ns(self.cpu_clock)
+        except OSError:  # the loop's thread has ended
+            self.cpu_clock = None
+            return 0
+
+    def window(self) -> dict[str, Any] | None:
+        """What the loop ran since the last call: ``start``/``end`` (wall ns) and the figures
+        of the module doc (ns, counts); None when the thread's CPU clock cannot be read."""
+        end = clock.wall_ns()
+        cpu = self._read_cpu()
+        if self.cpu_clock is None:
+            return None
+        state = self.state
+        busy_cpu = state.busy_cpu
+        tracekit = self.tracekit_ns
+        gc_now = _gc_snapshot(state.gc)
+        lags, self.lags = self.lags, []
+        tasks, self.tasks = self.tasks, -1
+        self._count_tasks = True
+        start = self._at
+        thread_cpu = cpu - self._cpu
+        gc = [now - before for now, before in zip(gc_now, self._gc)]
+        gc_cpu, gc_in_slices, gc_wall = gc[0], gc[1], gc[2]
+        requests = max(0, busy_cpu - self._busy_cpu - gc_in_slices)
+        own = tracekit - self._tracekit
+        self._at, self._cpu, self._busy_cpu, self._tracekit, self._gc = end, cpu, busy_cpu, tracekit, gc_now
+        pauses = state.gc
+        longest = pauses.longest if pauses is not None else 0
+        longest_gen = pauses.longest_gen if pauses is not None else 0
+        if pauses is not None:
+            pauses.longest = 0  # read and reset here: per window
+        return {
+            "start": start, "end": end, "thread_cpu": thread_cpu, "requests": requests,
+            "gc": gc_cpu, "gc_wall": gc_wall, "tracekit": own,
+            "background": max(0, thread_cpu - requests - gc_cpu - own),
+            "gc_counts": gc[3:], "gc_longest": longest, "gc_longest_gen": longest_gen,
+            "lags": lags, "inflight": self.inflight, "tasks": tasks,
+            "thread": self.thread_name,
+        }  # fmt: skip
+
+
+def _gc_snapshot(pauses: Pauses | None) -> list[int]:
+    if pauses is None:
+        return [0, 0, 0] + [0] * GENERATIONS
+    return [pauses.cpu, pauses.in_slices, pauses.wall, *pauses.count]
+
+
+_lock: Final = threading.Lock()
+views: list[LoopView] = []  # every loop view made in this process (the runtime reads them)
+
+
+def view_for(loop: asyncio.AbstractEventLoop, state: event_loop.ThreadState) -> LoopView:
+    """The view of ``loop`` (running on the thread whose state is ``state``), made on first use."""
+    view = state.view
+    if view is None or view.loop is not loop:
+        view = state.view = LoopView(loop, state)
+        with _lock:
+            views[:] = [v for v in views if not v.loop.is_closed()]
+            views.append(view)
+    return view
+
+
+def live_views() -> list[LoopView]:
+    """The views of loops not closed (forgetting the others)."""
+    with _lock:
+        views[:] = [v for v in views if not v.loop.is_closed()]
+        return list(views)

@@ -1,0 +1,189 @@
+"""Tasks a request spawns: their steps are the request's work (DESIGN §1, the whole loop).
+
+Real gateways run part of a request in tasks it starts: the upstream call in a task of its
+own, a streamed body (Starlette runs it in an anyio task group), spend logging after the
+response. A task copies the context it is created in, so a task created while a request's
+ledger is current belongs to that request. tracekit installs a task factory on the loop
+(:func:`install`, the first time a traced request runs on it) that runs such a task's
+coroutine under a tracekit driver, with a ledger of its own: the task's CPU on the loop, its
+longest slice and its loop waits are measured like the request's own code, and its slices
+are in the loop's busy timeline the loop-wait estimate reads.
+
+That ledger makes no span. When the task ends, its figures are folded into the ledger that
+was current when it was created (:func:`fold`), or into the nearest enclosing one still open:
+the task's work is the stage's (or the request's) own work. Stages opened inside the task
+are children of that ledger already (the context says so). Tasks created outside any
+request (the server's own, the application's background tasks) are left as they are: the
+loop view counts their CPU as background (:mod:`tracekit._core.loop_view`).
+
+A factory the application set before tracekit's is kept and called with the wrapped
+coroutine; one set after replaces tracekit's (spawned tasks are then seen as background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+from collections.abc import Generator
+from typing import Any, Final
+
+from tracekit._core import ledger
+from tracekit._core.current import current_ledger, get_ledger
+from tracekit._core.driver import drive
+from tracekit._core.failsafe import internal_error
+from tracekit._core.ledger import SPAWNED, Ledger
+
+
+class SpawnedCoroutine:
+    """A spawned task's coroutine, as the task sees it: ``send``/``throw``/``close`` go to a
+    driver that times each step (created at the first step, so a task cancelled before it
+    starts opens nothing). Every other attribute (``cr_frame``, ``cr_running``, ``__qualname__``,
+    ...) is the wrapped coroutine's, so ``Task.get_stack()`` and libraries asking whether a
+    task has started (anyio) see the application's coroutine."""
+
+    __slots__ = ("coro", "runner", "spawner")
+
+    def __init__(self, coro: Any, spawner: Ledger) -> None:
+        self.coro = coro
+        self.spawner = spawner
+        self.runner: Generator[Any, Any, Any] | None = None
+
+    def send(self, value: Any) -> Any:
+        runner = self.runner
+        if runner is None:
+            runner = self.runner = _run(self.coro, self.spawner)
+        return runner.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        runner = self.runner
+        if runner is None:  # not started: the coroutine itself takes it, as without tracekit
+            return self.coro.throw(*args)
+        return runner.throw(*args)
+
+    def close(self) -> None:
+        runner = self.runner
+        if runner is None:
+            self.coro.close()
+        else:
+            runner.close()
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def __iter__(self) -> SpawnedCoroutine:
+        return self
+
+    def __await__(self) -> SpawnedCoroutine:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        # cr_frame, cr_running, cr_suspended, cr_await, cr_code, __name__, __qualname__: the
+        # wrapped coroutine's (slots are found before this is asked).
+        if name in _OWN:  # not set yet: never ask the coroutine (it may not exist either)
+            raise AttributeError(name)
+        return getattr(self.coro, name)
+
+    def __repr__(self) -> str:
+        return repr(self.coro)
+
+
+_OWN: Final = frozenset(("coro", "runner", "spawner"))
+collections.abc.Coroutine.register(SpawnedCoroutine)
+
+
+def _run(coro: Any, spawner: Ledger) -> Generator[Any, Any, Any]:
+    """Drive ``coro`` with a ledger of its own, folded into ``spawner``'s side when it ends."""
+    led = None
+    try:
+        led = Ledger(SPAWNED, spawner.request, None, spawner.span_id)
+        led.spawner = spawner
+    except Exception:
+        internal_error("spawned task start")
+    if led is None:
+        return (yield from coro.__await__())
+    try:
+        return (yield from drive(coro, led))
+    finally:
+        finish(led)
+
+
+def finish(led: Ledger) -> None:
+    """The spawned task ended: fold its ledger, close it, hand the request on if it was the
+    request's last open ledger."""
+    try:
+        fold(led)
+        if ledger.close(led):
+            request = led.request
+            if request is not None:
+                request.runtime.submit(request)
+    except Exception:
+        internal_error("spawned task end")
+
+
+def fold(led: Ledger) -> None:
+    """Add a spawned task's figures to the nearest still-open ledger of its spawner's line
+    (the spawner, else its enclosing stages, else the request's root)."""
+    target: Ledger | None = led.spawner
+    while target is not None and target.end and target.parent is not None:
+        target = target.parent
+    if target is None:
+        return
+    target.cpu_on += led.cpu_on
+    target.cpu_off += led.cpu_off
+    target.loop_wait += led.loop_wait
+    target.steps += led.steps
+    if led.max_block > target.max_block:
+        target.max_block = led.max_block
+    if led.gc:
+        target.gc += led.gc
+    if led.queued:
+        target.queued += led.queued
+    if led.slices:
+        for start, held in led.slices:
+            target.slices = ledger.note(target.slices, start, held)
+    if led.waits:
+        for ready, waited in led.waits:
+            target.waits = ledger.note(target.waits, ready, waited)
+    if led.blocked:
+        if target.blocked is None:
+            target.blocked = []
+        target.blocked.extend(led.blocked)
+    led.cpu_on = led.cpu_off = led.loop_wait = 0
+
+
+def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options: Any) -> Any:
+    """Create a task for ``coro`` (through ``previous``, the factory set before tracekit's,
+    if any), its coroutine driven when the task belongs to a traced request."""
+    try:
+        context = options.get("context")
+        spawner = get_ledger() if context is None else context.get(current_ledger, None)
+        # Not a request the sampler dropped, nor one already handed on for span building.
+        if spawner is not None and spawner.request is not None and spawner.request.pending > 0:
+            coro = SpawnedCoroutine(coro, spawner)
+    except Exception:
+        internal_error("spawned task")
+    if previous is None:
+        return asyncio.Task(coro, loop=loop, **options)
+    return previous(loop, coro, **options)
+
+
+class TaskFactory:
+    """The loop's task factory while tracekit watches it (chains the one set before)."""
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> Any:
+        return create(loop, coro, self.previous, **options)
+
+
+def install(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop``'s task factory tracekit's (idempotent; chains an existing one)."""
+    try:
+        previous = loop.get_task_factory()
+        if not isinstance(previous, TaskFactory):
+            loop.set_task_factory(TaskFactory(previous))
+    except Exception:
+        internal_error("task factory")
