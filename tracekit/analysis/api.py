@@ -108,6 +108,17 @@ def _warn(report: Report, stats: ReadStats) -> None:
         )
 
 
+def _warn_orphans(report: Report, spans: int, traces: int) -> None:
+    # Stage spans without their request span are not requests (assembly leaves them out):
+    # one line says so, and why it usually happens (docs/composition.md).
+    if spans:
+        report.warnings.append(
+            f"{spans:,} stage spans in {traces:,} traces have no request (SERVER) span in the "
+            "input, so they are not counted as requests: was the server span exported "
+            "elsewhere? (docs/composition.md)"
+        )
+
+
 def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:
     # A large OTLP JSON Lines file on more than one CPU; None: read it in one pass instead.
     from tracekit.analysis.readers import parallel
@@ -125,6 +136,7 @@ def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Rep
             return None
         report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)
     _warn(report, found.stats)
+    _warn_orphans(report, *found.orphans)
     return report
 
 
@@ -178,10 +190,12 @@ def analyze_spans(
         while batch := list(itertools.islice(iterator, BATCH_SPANS)):
             pipeline.add(batch)
         pipeline.finish()
-        return _report(
+        report = _report(
             pipeline.aggregator, source, route, pipeline.spans, pipeline.services,
             pipeline.matched, pipeline.others,
         )  # fmt: skip
+    _warn_orphans(report, *pipeline.orphans)
+    return report
 
 
 @contextlib.contextmanager
