@@ -131,6 +131,10 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         if processor is not None:
             provider.add_span_processor(processor)
         otel_trace.set_tracer_provider(provider)
+        if otel_trace.get_tracer_provider() is provider:  # (set once: another may have won)
+            from tracekit._export import composition, sdk
+
+            composition.configured_chains.add(sdk.active_processor(provider))
         runtime = tracing.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
     runtime.watchdog = Watchdog(threshold)
     runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)

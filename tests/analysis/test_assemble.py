@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import REAL, needs_real
 from tracekit import semconv
-from tracekit.analysis.assembly.grouping import Window, assemble, compact, decode_pairs, route_of
 from tracekit.analysis.api import analyze_spans
+from tracekit.analysis.assembly.grouping import Window, assemble, compact, decode_pairs, route_of
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.readers import read_spans
 from tracekit.errors import ConfigurationError

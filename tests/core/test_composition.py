@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import tracekit
 from tracekit import semconv as sc
 from tracekit._core import current
+from tracekit._export import composition
 from tracekit.analysis.model import Span
 from tracekit.analysis.readers import read_spans
 
@@ -144,10 +145,12 @@ def flushed(exporter: InMemorySpanExporter) -> Callable[[], list[Any]]:
 @native
 @pytest.mark.parametrize("configured", ["before the app", "after the app"])
 def test_fastapi_native_telemetry_turned_on_by_configure(
-        configured: str, serve: Any, otel_globals: None, memory: InMemorySpanExporter) -> None:  # fmt: skip
+        configured: str, serve: Any, otel_globals: None, memory: InMemorySpanExporter,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     # configure() installs the global tracer provider, which turns FastAPI's native telemetry
     # on (whenever the app was made): FastAPI makes the server span and its operation spans,
     # tracekit enriches the server span. Before issue 13 record() got the stages alone.
+    monkeypatch.setattr(composition, "_said", set())  # said once per process
     if configured == "before the app":
         tracekit.configure(service_name="gateway", exporter=memory)
         app = gateway()
@@ -167,6 +170,9 @@ def test_fastapi_native_telemetry_turned_on_by_configure(
     stages = {s["stage"]: s["kind"] for s in report.routes[0]["stages"]}
     assert stages["fastapi.serialization"] == sc.KIND_SERIALIZE
     assert stages["fastapi.endpoint"] == "internal"
+    # Turning FastAPI's telemetry on was configure()'s doing: one warning says so.
+    said = [r for r in caplog.records if r.name == "tracekit" and r.levelname == "WARNING"]
+    assert len(said) == 1 and "FastAPI(telemetry={'tracing': False})" in said[0].getMessage()
 
 
 @native
@@ -213,9 +219,11 @@ def test_fastapi_telemetry_turned_off(serve: Any, otel_globals: None,
 
 @native
 def test_applications_provider_installed_before_configure(
-        serve: Any, otel_globals: None, memory: InMemorySpanExporter) -> None:  # fmt: skip
+        serve: Any, otel_globals: None, memory: InMemorySpanExporter,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     # The app's own provider (its exporter) comes first; configure(exporter=...) adds an
     # exporter for tracekit's side. Both get every request's whole trace, once.
+    monkeypatch.setattr(composition, "_said", set())
     apps_exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(apps_exporter))
@@ -229,6 +237,8 @@ def test_applications_provider_installed_before_configure(
     check_one_trace_per_request(settle(flushed(memory)))
     check_one_trace_per_request(settle(flushed(apps_exporter)))
     assert len(memory.get_finished_spans()) == len(apps_exporter.get_finished_spans())
+    # The app's provider turned FastAPI's telemetry on, not tracekit: no warning.
+    assert not [r for r in caplog.records if r.name == "tracekit" and r.levelno >= 30]
 
 
 @native

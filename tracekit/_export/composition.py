@@ -21,6 +21,7 @@ broken exporter never runs on the request's thread.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Final
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -36,6 +37,8 @@ MAX_TRACES: Final = 16_384
 enriched: dict[int, tuple[Any, int]] = {}
 _hook_lock = threading.Lock()
 _said: set[str] = set()  # instrumentation scopes already named in the log (once each)
+# The processor chains of the tracer providers tracekit.configure() made and installed.
+configured_chains: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class ForeignSpans(SpanProcessor):
@@ -75,7 +78,7 @@ def adopt(runtime: Any, span: Any) -> None:
         if not _hook(chain):
             return
         runtime.composed = chain
-        _say(span)
+        _say(span, chain)
     context = span.get_span_context()
     if len(enriched) >= MAX_TRACES:
         try:
@@ -97,19 +100,25 @@ def _hook(chain: Any) -> bool:
         return True
 
 
-def _say(span: Any) -> None:
-    """Log once per instrumentation whose server span tracekit enriches (docs/composition.md)."""
+def _say(span: Any, chain: Any) -> None:
+    """Say once per instrumentation that its server spans are the ones tracekit enriches.
+
+    FastAPI's native telemetry turns itself on when a global tracer provider exists: when
+    that provider is the one ``tracekit.configure()`` installed, turning it on was tracekit's
+    side effect, and it costs the app more per request than tracekit does (docs/composition.md):
+    a warning, with the way to turn it off. Otherwise the app chose it: an info line.
+    """
     scope = getattr(span, "instrumentation_scope", None)
     name = getattr(scope, "name", None) or "another instrumentation"
     if name in _said:
         return
     _said.add(name)
-    if name == "fastapi":
-        logger.info(
-            "tracekit: FastAPI's native OpenTelemetry telemetry makes the server spans (it turns "
-            "itself on once a tracer provider is installed, as tracekit.configure() does); "
-            "tracekit adds its attributes to them and records FastAPI's spans in the same trace. "
-            "FastAPI(telemetry={'tracing': False}) leaves the server span to tracekit "
+    if name == "fastapi" and chain in configured_chains:
+        logger.warning(
+            "tracekit: FastAPI's native telemetry is on because tracekit.configure() installed "
+            "a global tracer provider; tracekit adds its attributes to FastAPI's server spans and "
+            "records FastAPI's spans in the same trace. FastAPI(telemetry={'tracing': False}) "
+            "leaves the server span to tracekit and saves FastAPI's own cost per request "
             "(docs/composition.md)")  # fmt: skip
     else:
         logger.info("tracekit: the server spans are made by %s; tracekit adds its attributes "
