@@ -96,16 +96,20 @@ def analyze(
 
 
 def _warn(report: Report, stats: ReadStats) -> None:
+    # What the reader skipped comes first: it often explains the lines after it (a cut last
+    # line leaves stages without their request span).
+    lines = []
     if stats.skipped:
         first = f" (first: {stats.reasons[0]})" if stats.reasons else ""
-        report.warnings.append(f"skipped {stats.skipped:,} malformed spans{first}")
+        lines.append(f"skipped {stats.skipped:,} malformed spans{first}")
     if stats.truncated:
-        report.warnings.append(f"cut {stats.truncated:,} oversized attribute values or lists")
+        lines.append(f"cut {stats.truncated:,} oversized attribute values or lists")
     if stats.cut_tail_bytes:
-        report.warnings.append(
+        lines.append(
             f"skipped an incomplete last line ({stats.cut_tail_bytes:,} bytes): is the file "
             "still being written?"
         )
+    report.warnings[:0] = lines
 
 
 def _warn_orphans(report: Report, spans: int, traces: int) -> None:
