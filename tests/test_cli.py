@@ -211,6 +211,38 @@ def test_skipped_spans_are_a_warning_not_an_error(tmp_path: Path) -> None:
     assert err.startswith("tracekit: warning: skipped 1 malformed span") and "Traceback" not in err
 
 
+def test_stages_without_their_request_span_are_one_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # A file with one whole request and, on other lines, the stages of requests whose server
+    # spans went elsewhere (issue 13): one request, and one warning line on stderr, whether
+    # the file is read in one pass or by several workers.
+    from tracekit.analysis.readers import parallel
+
+    def stages(trace: str) -> list[dict[str, object]]:
+        return [GEN.otlp_span(trace, f"{trace[:14]}{k:02x}", "f" * 16, name, "internal", 10, 20,
+                              {semconv.STAGE: name, semconv.CPU_MS: 1.0})
+                for k, name in enumerate(("tokenize", "model"))]  # fmt: skip
+
+    whole = [GEN.otlp_span("ab" * 16, "cd" * 8, None, "POST /x", "server", 10, 30)]
+    lines = [whole] + [stages(f"{k:02x}" * 16) for k in range(1, 7)]
+    path = tmp_path / "split.jsonl"
+    path.write_text("".join(json.dumps(GEN.traces_data(spans)) + "\n" for spans in lines))
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1)
+    plans: list[object] = []
+    real = parallel.analyze_plan
+    monkeypatch.setattr(parallel, "analyze_plan", lambda *a: plans.append(a) or real(*a))
+    for workers in ("1", "3"):
+        monkeypatch.setenv(parallel.ENV_WORKERS, workers)
+        code, out, err = run_main("analyze", str(path), "--format", "json")
+        assert code == 0 and json.loads(out)["requests"] == 1
+        assert err.splitlines() == [
+            "tracekit: warning: 12 stage spans in 6 traces have no request (SERVER) span in the "
+            "input, so they are not counted as requests: was the server span exported "
+            "elsewhere? (docs/composition.md)"
+        ], workers
+    assert len(plans) == 1  # the second run was the workers'
+
+
 def test_broken_pipe_is_quiet(gateway_file: Path) -> None:
     reader = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read(10)"], stdin=subprocess.PIPE

@@ -5,7 +5,10 @@
   and sampler); an explicitly requested ``exporter=`` is added for tracekit's spans only.
 - Otherwise it creates an SDK provider (resource from ``service_name`` / ``OTEL_SERVICE_NAME``
   / ``OTEL_RESOURCE_ATTRIBUTES``, sampler from ``OTEL_TRACES_SAMPLER``) and installs it as the
-  global one, so other instrumentation (httpx, ...) shares the trace.
+  global one, so other instrumentation (httpx, ...) shares the trace. FastAPI >= 0.165 turns
+  its native telemetry on when a global provider exists: tracekit then enriches FastAPI's
+  server span, records FastAPI's spans in the same trace, and logs a warning once
+  (docs/composition.md).
 - Exporters: ``otlp`` (http/protobuf; grpc with ``otlp-grpc`` or
   ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL=grpc``; endpoint and headers from the standard
   ``OTEL_EXPORTER_OTLP_*`` variables), ``jsonl:PATH`` (OTLP JSON Lines), ``console``,
@@ -131,6 +134,10 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         if processor is not None:
             provider.add_span_processor(processor)
         otel_trace.set_tracer_provider(provider)
+        if otel_trace.get_tracer_provider() is provider:  # (set once: another may have won)
+            from tracekit._export import composition, sdk
+
+            composition.configured_chains.add(sdk.active_processor(provider))
         runtime = tracing.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
     runtime.watchdog = Watchdog(threshold)
     runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)

@@ -127,6 +127,11 @@ VLLM_LATENCY_E2E: Final = "gen_ai.latency.e2e"  # seconds
 VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"  # seconds
 VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"  # seconds
 
+# --- span names of other instrumentation, read by the analyzer (docs/composition.md) -------
+# FastAPI's native telemetry (0.165+): its operation spans under the server span. The
+# analyzer counts its response serialization as a stage of kind serialize.
+FASTAPI_SERIALIZATION: Final = "fastapi.serialization"
+
 # --- resource / scope ----------------------------------------------------------------------
 SERVICE_NAME: Final = "service.name"
 SCOPE_NAME: Final = "tracekit"

@@ -12,6 +12,7 @@ import pytest
 
 from tests.helpers import REAL, needs_real
 from tracekit import semconv
+from tracekit.analysis.api import analyze_spans
 from tracekit.analysis.assembly.grouping import Window, assemble, compact, decode_pairs, route_of
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.readers import read_spans
@@ -155,6 +156,29 @@ def test_a_trace_without_server_span_uses_its_top_most_span() -> None:
     spans = [span("x", "missing", kind="internal", name="job"), span("y", "x", start_ms=1)]
     req = one(spans)
     assert (req.route, [s.name for s in req.stages]) == ("job", ["y"])
+
+
+def test_stages_whose_request_span_is_missing_are_not_requests() -> None:
+    # The server span went to another exporter: the stages' parent is not in the input.
+    orphans = [
+        span("a", "server1", name="tokenize", attrs=stage_attrs("tokenize", cpu=1.0)),
+        span("b", "server1", name="model", start_ms=1, attrs=stage_attrs("model", wait=5.0)),
+    ]
+    standalone = [span("c", None, trace="t2", name="batch", attrs=stage_attrs("other", cpu=1.0))]
+    window = Window(100, 100)
+    requests = list(window.run(enumerate(orphans + standalone, start=1))) + list(window.finish())
+    assert [r.route for r in requests] == ["batch"]  # a stage tree with no parent is one
+    assert (window.orphan_traces, window.orphan_spans) == (1, 2)
+    report = analyze_spans(iter(orphans + standalone))
+    assert report.requests == 1
+    assert report.warnings == [
+        "2 stage spans in 1 traces have no request (SERVER) span in the input, so they are not "
+        "counted as requests: was the server span exported elsewhere? (docs/composition.md)"
+    ]
+    # Once the server span is there, the same stages are one request, and no warning.
+    server = span("server1", None, kind="server", name="POST /v1/chat", start_ms=-1, end_ms=11)
+    whole = analyze_spans(iter([*orphans, server]))
+    assert (whole.requests, whole.warnings) == (1, [])
 
 
 @pytest.mark.parametrize(

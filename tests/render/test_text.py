@@ -74,6 +74,24 @@ def test_shows_routes_breakdown_stages_and_the_whole_finding() -> None:
         assert piece in text, piece
 
 
+def test_stage_names_wider_than_their_column_are_shown_whole() -> None:
+    # FastAPI's operation spans share a prefix: cut to the column they were all "fastapi…".
+    d = report_dict()
+    base = d["routes"][0]["stages"][0]
+    d["routes"][0]["stages"] = [
+        {**base, "stage": name, "kind": kind, "blocked_at": None, "function": None}
+        for name, kind in (("fastapi.endpoint", "internal"), ("fastapi.serialization", "serialize"),
+                           ("model", "model"))
+    ]  # fmt: skip
+    lines = render_text(d, width=80, color=False, unicode=True).splitlines()
+    first = lines.index("    fastapi.endpoint")
+    assert lines[first + 1].split()[:2] == ["internal", "1,200"]
+    second = lines.index("    fastapi.serialization")
+    assert lines[second + 1].split()[:2] == ["serialize", "1,200"]
+    assert any(line.split()[:3] == ["model", "model", "1,200"] for line in lines)
+    assert not [line for line in lines if "…" in line and "fastapi" in line]
+
+
 def test_a_missing_projection_says_why() -> None:
     d = report_dict()
     d["findings"][0].update(projection=None, projection_note="the replay could not reproduce it")

@@ -55,6 +55,9 @@ def begin(runtime: Any, scope: MutableMapping[str, Any]) -> Request | SpanContex
         if enrich is not None:
             request.enrich = enrich
             request.span_id = active_context.span_id
+            # Its provider's spans of this trace (the span itself, the framework's) are to
+            # reach tracekit's recordings and exporters too (tracekit._export.composition).
+            runtime.compose(enrich)
         # Frameworks add the matched route to the scope later: keep the same dict.
         request.scope = scope if type(scope) is dict else dict(scope)
         root_path = scope.get("root_path", "")

@@ -8,6 +8,9 @@ Each is checked where it is used and falls back to the public API when the SDK c
 - :func:`active_processor`: the processor chain of a ``TracerProvider`` the application made
   (``TracerProvider._active_span_processor``), to send tracekit's spans where the app's go;
 - :func:`is_default_sampler`: whether a sampler is the SDK's default (by its description);
+- :func:`span_processor_of`: the processor chain an SDK span will end in
+  (``Span._span_processor``: its provider's), to see the spans of another instrumentation
+  whose server span tracekit enriches (:mod:`tracekit._export.composition`);
 - span contexts built directly (``tracekit._export.readable_spans``: ``SpanContext`` is a
   tuple; ``ReadableSpan`` takes its fields positionally).
 """
@@ -60,6 +63,12 @@ def active_processor(provider: Any) -> Any:
     """The span processor chain of an SDK ``TracerProvider`` (None if it has none we can see):
     tracekit's spans go where the application's go."""
     return getattr(provider, "_active_span_processor", None)
+
+
+def span_processor_of(span: Any) -> Any:
+    """The span processor (chain) an SDK span hands itself to when it ends; None when
+    ``span`` is not an SDK span, or the SDK changed."""
+    return getattr(span, "_span_processor", None)
 
 
 def _new_context(trace_id: int, span_id: int, trace_state: TraceState | None,

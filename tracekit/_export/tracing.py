@@ -75,6 +75,10 @@ class Runtime:
         self.owns_processor = owns_processor
         self.dropped = 0
         self._queue: deque[Request] = deque()
+        # Spans of other instrumentation in traces this runtime's requests enrich, with the
+        # processor chain they ended in (tracekit._export.composition), for the builder thread.
+        self._foreign: deque[tuple[Any, Any]] = deque()
+        self.composed: Any = None  # the processor chain last hooked (composition.adopt)
         self._lingering: deque[tuple[float, Request]] = deque()  # (deadline, request), in order
         self._lock = threading.Lock()  # held by a drain (the builder thread's, a flush's)
         self._count_lock = threading.Lock()
@@ -127,6 +131,26 @@ class Runtime:
             self._wake.set()
         elif waiting >= MAX_QUEUE >> 1:
             self._help()
+        if self._thread is None:
+            self._start_thread()
+
+    def compose(self, span: Any) -> None:
+        """A request enriches ``span``, another instrumentation's server span: the spans of
+        that trace are to reach this runtime's destinations too (request path, guarded)."""
+        try:
+            from tracekit._export import composition
+
+            composition.adopt(self, span)
+        except Exception:
+            internal_error("composition")
+
+    def foreign(self, span: Any, chain: Any) -> None:
+        """Queue another instrumentation's ended span for this runtime's destinations
+        (called on the thread that ended it: an append; delivered by the builder thread)."""
+        foreign = self._foreign
+        if self._stopped or len(foreign) >= MAX_QUEUE:
+            return
+        foreign.append((span, chain))
         if self._thread is None:
             self._start_thread()
 
@@ -192,6 +216,10 @@ class Runtime:
         self._wake.set()
         self.expire_lingering(everything=True)
         self._drain()
+        if self.composed is not None:  # it enriched other instrumentation's spans
+            from tracekit._export import composition
+
+            composition.forget(self)
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.processor is not None and self.owns_processor:
@@ -223,6 +251,10 @@ class Runtime:
         with self._lock:
             while self._build_one():
                 pass
+            foreign = self._foreign
+            while foreign:
+                span, chain = foreign.popleft()
+                self._deliver_foreign(span, chain)
 
     def _build_one(self) -> bool:
         """Build and deliver the oldest queued request; False when none is queued."""
@@ -271,6 +303,27 @@ class Runtime:
                 spans.append(span)
         if spans:
             self._deliver(spans)
+
+    def _deliver_foreign(self, span: Any, chain: Any) -> None:
+        """Hand another instrumentation's span to the recordings and to the processors of
+        this runtime that its own chain does not hold (composition.targets)."""
+        from tracekit._export import composition
+
+        try:
+            destinations = composition.targets(self.processor, chain)
+        except Exception:
+            internal_error("composition")
+            destinations = []
+        for target in destinations:
+            try:
+                target.on_end(span)
+            except Exception:
+                internal_error("span processor")
+        for recorder in list(recorders):
+            try:
+                recorder([span])
+            except Exception:
+                internal_error("recorder")
 
     def _deliver(self, spans: list[Any]) -> None:
         processor = self.processor

@@ -96,15 +96,30 @@ def analyze(
 
 
 def _warn(report: Report, stats: ReadStats) -> None:
+    # What the reader skipped comes first: it often explains the lines after it (a cut last
+    # line leaves stages without their request span).
+    lines = []
     if stats.skipped:
         first = f" (first: {stats.reasons[0]})" if stats.reasons else ""
-        report.warnings.append(f"skipped {stats.skipped:,} malformed spans{first}")
+        lines.append(f"skipped {stats.skipped:,} malformed spans{first}")
     if stats.truncated:
-        report.warnings.append(f"cut {stats.truncated:,} oversized attribute values or lists")
+        lines.append(f"cut {stats.truncated:,} oversized attribute values or lists")
     if stats.cut_tail_bytes:
-        report.warnings.append(
+        lines.append(
             f"skipped an incomplete last line ({stats.cut_tail_bytes:,} bytes): is the file "
             "still being written?"
+        )
+    report.warnings[:0] = lines
+
+
+def _warn_orphans(report: Report, spans: int, traces: int) -> None:
+    # Stage spans without their request span are not requests (assembly leaves them out):
+    # one line says so, and why it usually happens (docs/composition.md).
+    if spans:
+        report.warnings.append(
+            f"{spans:,} stage spans in {traces:,} traces have no request (SERVER) span in the "
+            "input, so they are not counted as requests: was the server span exported "
+            "elsewhere? (docs/composition.md)"
         )
 
 
@@ -125,6 +140,7 @@ def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Rep
             return None
         report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)
     _warn(report, found.stats)
+    _warn_orphans(report, *found.orphans)
     return report
 
 
@@ -178,10 +194,12 @@ def analyze_spans(
         while batch := list(itertools.islice(iterator, BATCH_SPANS)):
             pipeline.add(batch)
         pipeline.finish()
-        return _report(
+        report = _report(
             pipeline.aggregator, source, route, pipeline.spans, pipeline.services,
             pipeline.matched, pipeline.others,
         )  # fmt: skip
+    _warn_orphans(report, *pipeline.orphans)
+    return report
 
 
 @contextlib.contextmanager

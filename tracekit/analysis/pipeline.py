@@ -139,6 +139,12 @@ class Pipeline:
             flushed[trace_id] = max(at, flushed.get(trace_id, at))
         return groups + more_groups, flushed
 
+    @property
+    def orphans(self) -> tuple[int, int]:
+        """(spans, traces) of stages whose request span was not in the input (no request)."""
+        windows = (self.window, self._later)
+        return sum(w.orphan_spans for w in windows), sum(w.orphan_traces for w in windows)
+
     def _positioned(self, batch: list[Span]) -> Iterator[tuple[int, Span | None]]:
         n = self.spans
         services = self.services

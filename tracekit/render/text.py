@@ -314,7 +314,13 @@ class _Renderer:
         self._add(self.p.dim + head + self.p.reset)
         for stage in stages:
             cells = "".join(f" {get(stage):>{w}}" for _, w, get in columns)
-            name = self._cut(str(stage.get("stage")), name_w)
+            name = str(stage.get("stage"))
+            if len(name) > name_w:
+                # A name wider than its column gets a line of its own, whole (cut at the width
+                # only): names sharing a prefix (fastapi.endpoint, fastapi.serialization) stay
+                # apart, and no column is dropped for them.
+                self._add(f"    {self._cut(name, self.width - 4)}")
+                name = ""
             self._add(f"    {name:<{name_w}} {self._cut(str(stage.get('kind')), 9):<9}{cells}")
             where = [str(stage["function"])] if stage.get("function") else []
             if stage.get("blocked_at"):

@@ -137,6 +137,9 @@ class Window:
         self.rooted: deque[tuple[int, Group]] = deque()
         self.flushed: dict[str, int] = {}  # trace id -> position it was flushed at
         self._expiry: deque[tuple[int, str]] = deque()
+        # Traces that made no request (stages whose request span is missing) and their spans.
+        self.orphan_traces = 0
+        self.orphan_spans = 0
         self._sweep_every = max(1, max_open_traces // 4)
         self._sweep_at = self._sweep_every
 
@@ -210,7 +213,11 @@ class Window:
             del self.open[trace_id]
         self.flushed[trace_id] = at
         self._expiry.append((at, trace_id))
-        return iter(self.build(group.spans, late=group.late))
+        requests = self.build(group.spans, late=group.late)
+        if not requests and not group.late and group.spans:
+            self.orphan_traces += 1
+            self.orphan_spans += len(group.spans)
+        return iter(requests)
 
     def state(self, shift: int) -> tuple[list[Group], dict[str, int]]:
         """The open traces and the remembered flushes, positions moved by ``-shift``.

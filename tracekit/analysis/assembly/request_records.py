@@ -42,6 +42,9 @@ _SHARED_MAX = 8192
 #: :func:`share` with its common case (a hit) inline. (Clearing keeps the same dict.)
 shared = SHARED.get
 _BY_START = attrgetter("start_ns", "span_id")
+# Spans of other instrumentation that do a stage's work, by name: their stage kind (a plain
+# span's kind is otherwise its span kind). FastAPI's response serialization is serialize work.
+_FOREIGN_KINDS: dict[str, str] = {semconv.FASTAPI_SERIALIZATION: semconv.KIND_SERIALIZE}
 
 #: Attributes whose values assembly decodes into record fields (see :func:`compact`).
 DECODED_KEYS = frozenset(
@@ -66,7 +69,10 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
             spans become requests.
 
     Returns:
-        The requests, in the order of their spans' start times.
+        The requests, in the order of their spans' start times; none for a trace (not a late
+        fragment) with no SERVER span whose top-most spans are all tracekit stages under a
+        parent it lacks: stages whose request span is missing are not requests (the window
+        counts them, and the report says so in one warning).
 
     Cost: linear in the spans, plus sorting each request's stages.
     """
@@ -90,11 +96,22 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
         # A loop window (tracekit.loop) is not a request.
         if all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in by_id.values()):
             return []
+        if roots and all(_orphan_stage(root, by_id) for root in roots):
+            # tracekit stages under a span the input lacks: their request span went to
+            # another exporter (or was dropped). Not requests; the caller counts them.
+            return []
         # Pure cycles have no root at all: the earliest span stands in for one.
         heads = roots or [min(by_id.values(), key=_BY_START)]
     if len(heads) > 1:
         heads.sort(key=_BY_START)
     return [_request(head, children) for head in heads]
+
+
+def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:
+    """A tracekit stage span whose parent is not in the trace."""
+    parent = span.parent_id
+    return semconv.STAGE in span.attributes and parent is not None and parent != span.span_id \
+        and parent not in by_id  # fmt: skip
 
 
 def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:
@@ -123,7 +140,8 @@ def stage_record(span: Span) -> StageRecord:
     Returns:
         For a stage span: name and kind from ``tracekit.stage``/``tracekit.stage.kind``, the
         components and loop slices/waits from its ``tracekit.*`` attributes. For a plain span:
-        name = span name, kind = span kind, components ``None``.
+        name = span name, kind = span kind (``serialize`` for FastAPI's
+        ``fastapi.serialization``), components ``None``.
     """
     a = span.attributes
     get = a.get
@@ -132,7 +150,8 @@ def stage_record(span: Span) -> StageRecord:
     stage_name = get(semconv.STAGE)
     if stage_name is None:
         return StageRecord(
-            share(span.name), span.kind, span.span_id, span.parent_id, start, end_ns, span.kind,
+            share(span.name), _FOREIGN_KINDS.get(span.name, span.kind), span.span_id,
+            span.parent_id, start, end_ns, span.kind,
             (end_ns - start) / 1e6,
             code_function=_text(get(semconv.CODE_FUNCTION)),
             code_namespace=_text(get(semconv.CODE_NAMESPACE)),

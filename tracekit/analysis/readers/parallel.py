@@ -90,6 +90,7 @@ class Partial:
     matched: list[str]
     others: list[str]
     sample_keys: list[Any] = field(default_factory=list)
+    orphans: tuple[int, int] = (0, 0)  # Pipeline.orphans
 
 
 def worker_count(requested: int | None = None) -> int:
@@ -272,6 +273,7 @@ def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggrega
             _raise(kind, sample)
         merged.adopt_sample(sample)
         total.spans += partial.spans
+        total.orphans = (total.orphans[0] + partial.orphans[0], total.orphans[1] + partial.orphans[1])
         total.stats.skipped += partial.stats.skipped
         total.stats.truncated += partial.stats.truncated
         total.stats.cut_tail_bytes += partial.stats.cut_tail_bytes
@@ -360,6 +362,7 @@ def _work(
         partial = Partial(
             pipeline.aggregator, stats, pipeline.spans, list(pipeline.services),
             list(pipeline.matched), list(pipeline.others), [key for key, _ in kept],
+            pipeline.orphans,
         )  # fmt: skip
         parent.send(("ok", partial))
         cutoff = parent.recv()

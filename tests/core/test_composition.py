@@ -1,0 +1,313 @@
+"""Composing with the telemetry the application already has (issue 13, item 5).
+
+Every test serves a FastAPI gateway (``app.add_middleware(tracekit.TracekitMiddleware)``, the
+quickstart's form) on a real uvicorn server and checks what reaches tracekit's own exporter
+and ``tracekit.record()``: one trace per request, exactly one SERVER span in it carrying
+tracekit's request attributes, tracekit's stages parented to that span, no span twice, and
+``rec.report().requests`` equal to the requests sent (docs/composition.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import tracekit
+from tracekit import semconv as sc
+from tracekit._core import current
+from tracekit._export import composition
+from tracekit.analysis.model import Span
+from tracekit.analysis.readers import read_spans
+
+fastapi = pytest.importorskip("fastapi")
+# FastAPI's native telemetry (0.165+): on as soon as a global tracer provider exists.
+native = pytest.mark.skipif(
+    not hasattr(fastapi.FastAPI(), "_native_telemetry"), reason="FastAPI has no native telemetry"
+)
+
+REQUESTS = 3
+REQUEST_ATTRIBUTES = (sc.CPU_MS, sc.MODEL_WAIT_MS, sc.IO_WAIT_MS, sc.LOOP_WAIT_MS, sc.OVERHEAD_MS)
+
+
+@tracekit.stage("tokenize")
+def tokenize(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+@tracekit.stage("model")
+async def model(tokens: list[int]) -> str:
+    await asyncio.sleep(0.002)
+    return "ok"
+
+
+def gateway(**options: Any) -> Any:
+    app = fastapi.FastAPI(**options)
+    app.add_middleware(tracekit.TracekitMiddleware)
+
+    @app.post("/v1/chat")
+    async def chat(body: dict[str, str]) -> dict[str, str]:
+        return {"text": await model(tokenize(body["prompt"]))}
+
+    return app
+
+
+def drive(url: str, n: int = REQUESTS) -> None:
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for _ in range(n):
+            response = client.post("/v1/chat", json={"prompt": "hello"})
+            assert response.status_code == 200 and response.json() == {"text": "ok"}
+
+
+def normalised(spans: Any) -> list[Span]:
+    """SDK spans as the analyzer reads them (kind, parent id and attributes, one form)."""
+    return list(read_spans(list(spans)))
+
+
+def settle(get: Callable[[], list[Any]], n: int = REQUESTS, timeout: float = 3.0) -> list[Span]:
+    """The spans once ``n`` requests' server spans and stages are in (or the timeout passed:
+    the checks then say what is missing). A client has its response before the last span of
+    its request is delivered (the server span of an outer instrumentation ends after it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        spans = normalised(get())
+        servers = sum(s.kind == "server" for s in spans)
+        stages = sum(sc.STAGE in s.attributes for s in spans)
+        if (servers >= n and stages >= 2 * n) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.02)
+
+
+def check_one_trace_per_request(spans: list[Span], n: int = REQUESTS) -> dict[str, list[Span]]:
+    """The contract of docs/composition.md, on the spans one destination received."""
+    ids = [(s.trace_id, s.span_id) for s in spans]
+    assert len(ids) == len(set(ids)), "a span arrived twice"
+    traces: dict[str, list[Span]] = defaultdict(list)
+    for span in spans:
+        traces[span.trace_id].append(span)
+    names = sorted(s.name for s in spans)
+    assert len(traces) == n, f"{len(traces)} traces for {n} requests: {names}"
+    for trace in traces.values():
+        servers = [s for s in trace if s.kind == "server"]
+        assert len(servers) == 1, f"{len(servers)} server spans in a trace: {names}"
+        (server,) = servers
+        assert server.name == "POST /v1/chat"
+        for key in REQUEST_ATTRIBUTES:
+            assert isinstance(server.attributes.get(key), float), f"{key} missing on the server span"
+        assert server.attributes[sc.MODEL_WAIT_MS] >= 1.0  # the model stage's 2 ms sleep
+        stages = sorted((s for s in trace if sc.STAGE in s.attributes), key=lambda s: s.name)
+        assert [s.name for s in stages] == ["model", "tokenize"]
+        assert all(s.parent_id == server.span_id for s in stages)
+    return traces
+
+
+def check_report(rec: Any, n: int = REQUESTS) -> Any:
+    report = rec.report()
+    assert report.requests == n, f"{report.requests} requests for {n}: {report.warnings}"
+    assert report.warnings == []
+    assert [r["route"] for r in report.routes] == ["POST /v1/chat"]
+    return report
+
+
+def scopes(spans: list[Any]) -> set[str]:
+    return {s.instrumentation_scope.name for s in spans if s.kind.name == "SERVER"}
+
+
+@pytest.fixture
+def memory() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    yield exporter
+    exporter.shutdown()
+
+
+def flushed(exporter: InMemorySpanExporter) -> Callable[[], list[Any]]:
+    """What ``exporter`` has received once tracekit has delivered and flushed (it is behind
+    tracekit's batch processor)."""
+
+    def get() -> list[Any]:
+        runtime = current.active_runtime
+        assert runtime is not None
+        runtime.flush()
+        return list(exporter.get_finished_spans())
+
+    return get
+
+
+@native
+@pytest.mark.parametrize("configured", ["before the app", "after the app"])
+def test_fastapi_native_telemetry_turned_on_by_configure(
+        configured: str, serve: Any, otel_globals: None, memory: InMemorySpanExporter,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # configure() installs the global tracer provider, which turns FastAPI's native telemetry
+    # on (whenever the app was made): FastAPI makes the server span and its operation spans,
+    # tracekit enriches the server span. Before issue 13 record() got the stages alone.
+    monkeypatch.setattr(composition, "_said", set())  # said once per process
+    if configured == "before the app":
+        tracekit.configure(service_name="gateway", exporter=memory)
+        app = gateway()
+    else:
+        app = gateway()
+        tracekit.configure(service_name="gateway", exporter=memory)
+    server = serve(app)
+    with tracekit.record() as rec:
+        drive(server.url)
+        recorded = settle(lambda: rec.spans)
+        check_one_trace_per_request(recorded)
+        report = check_report(rec)
+        assert scopes(rec.spans) == {"fastapi"}  # FastAPI's span, enriched: not a second one
+    exported = check_one_trace_per_request(settle(flushed(memory)))
+    for trace in exported.values():  # FastAPI's operation spans are in the request's trace
+        assert {"fastapi.endpoint", "fastapi.serialization"} <= {s.name for s in trace}
+    stages = {s["stage"]: s["kind"] for s in report.routes[0]["stages"]}
+    assert stages["fastapi.serialization"] == sc.KIND_SERIALIZE
+    assert stages["fastapi.endpoint"] == "internal"
+    # Turning FastAPI's telemetry on was configure()'s doing: one warning says so.
+    said = [r for r in caplog.records if r.name == "tracekit" and r.levelname == "WARNING"]
+    assert len(said) == 1 and "FastAPI(telemetry={'tracing': False})" in said[0].getMessage()
+
+
+@native
+def test_jsonl_exporter_gets_the_whole_trace(serve: Any, otel_globals: None, tmp_path: Any) -> None:
+    # configure() after the app, writing a file: `tracekit analyze FILE` sees the requests,
+    # FastAPI's operation spans by name, its serialization as a serialize stage.
+    path = tmp_path / "traces.jsonl"
+    app = gateway()
+    tracekit.configure(service_name="gateway", exporter=f"jsonl:{path}")
+    drive(serve(app).url)
+
+    def written() -> list[Any]:
+        runtime = current.active_runtime
+        assert runtime is not None
+        runtime.flush()
+        return list(read_spans(str(path))) if path.exists() else []
+
+    deadline = time.monotonic() + 3
+    while sum(s.kind == "server" for s in written()) < REQUESTS and time.monotonic() < deadline:
+        time.sleep(0.02)
+    check_one_trace_per_request(written())
+    report = tracekit.analyze(str(path))
+    assert report.requests == REQUESTS and report.warnings == []
+    stages = {s["stage"]: s["kind"] for s in report.routes[0]["stages"]}
+    assert stages == {"tokenize": "tokenize", "model": "model", "fastapi.dependencies": "internal",
+                      "fastapi.endpoint": "internal", "fastapi.serialization": "serialize"}  # fmt: skip
+
+
+@native
+def test_fastapi_telemetry_turned_off(serve: Any, otel_globals: None,
+                                      memory: InMemorySpanExporter) -> None:  # fmt: skip
+    # FastAPI(telemetry={"tracing": False}): tracekit makes the server span itself.
+    tracekit.configure(service_name="gateway", exporter=memory)
+    server = serve(gateway(telemetry={"tracing": False}))
+    with tracekit.record() as rec:
+        drive(server.url)
+        check_one_trace_per_request(settle(lambda: rec.spans))
+        check_report(rec)
+        assert scopes(rec.spans) == {sc.SCOPE_NAME}
+    spans = settle(flushed(memory))
+    check_one_trace_per_request(spans)
+    assert not [s.name for s in spans if s.name.startswith("fastapi.")]
+
+
+@native
+def test_applications_provider_installed_before_configure(
+        serve: Any, otel_globals: None, memory: InMemorySpanExporter,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # The app's own provider (its exporter) comes first; configure(exporter=...) adds an
+    # exporter for tracekit's side. Both get every request's whole trace, once.
+    monkeypatch.setattr(composition, "_said", set())
+    apps_exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(apps_exporter))
+    otel_trace.set_tracer_provider(provider)
+    tracekit.configure(service_name="ignored", exporter=memory)
+    server = serve(gateway())
+    with tracekit.record() as rec:
+        drive(server.url)
+        check_one_trace_per_request(settle(lambda: rec.spans))
+        check_report(rec)
+    check_one_trace_per_request(settle(flushed(memory)))
+    check_one_trace_per_request(settle(flushed(apps_exporter)))
+    assert len(memory.get_finished_spans()) == len(apps_exporter.get_finished_spans())
+    # The app's provider turned FastAPI's telemetry on, not tracekit: no warning.
+    assert not [r for r in caplog.records if r.name == "tracekit" and r.levelno >= 30]
+
+
+@native
+def test_no_configure_only_record(serve: Any, otel_globals: None) -> None:
+    # No configure(): record() alone, first without any provider (tracekit makes the server
+    # span: FastAPI's telemetry stays off), then with the app's own provider installed later
+    # (FastAPI's telemetry turns on at its next request, tracekit enriches its span).
+    apps_exporter = InMemorySpanExporter()
+    server = serve(gateway())
+    with tracekit.record() as rec:
+        drive(server.url)
+        check_one_trace_per_request(settle(lambda: rec.spans))
+        check_report(rec)
+        assert scopes(rec.spans) == {sc.SCOPE_NAME}
+        rec.clear()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(apps_exporter))
+        otel_trace.set_tracer_provider(provider)
+        drive(server.url)
+        check_one_trace_per_request(settle(lambda: rec.spans))
+        check_report(rec)
+        assert scopes(rec.spans) == {"fastapi"}
+    # Nothing configured: tracekit's own spans went to the recording only (record()'s rule);
+    # the app's provider has its server spans, enriched.
+    servers = [s for s in apps_exporter.get_finished_spans() if s.kind.name == "SERVER"]
+    assert len(servers) == REQUESTS and all(sc.CPU_MS in s.attributes for s in servers)
+
+
+def test_opentelemetry_asgi_middleware_with_its_own_provider(
+        serve: Any, otel_globals: None, memory: InMemorySpanExporter) -> None:  # fmt: skip
+    # OpenTelemetryMiddleware in the app's stack (FastAPI then leaves tracing to it), on a
+    # provider of its own: tracekit's exporter (on the global provider configure() made) gets
+    # that provider's server span and its send/receive spans, in the same trace.
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    apps_exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(apps_exporter))
+    tracekit.configure(service_name="gateway", exporter=memory)
+    app = gateway()
+    app.add_middleware(OpenTelemetryMiddleware, tracer_provider=provider)  # the outermost
+    server = serve(app)
+    with tracekit.record() as rec:
+        drive(server.url)
+        check_one_trace_per_request(settle(lambda: rec.spans))
+        check_report(rec)
+        assert scopes(rec.spans) == {"opentelemetry.instrumentation.asgi"}
+    check_one_trace_per_request(settle(flushed(memory)))
+    # The middleware's provider keeps its own spans (tracekit's go where configure() says),
+    # the server spans enriched with tracekit's attributes.
+    servers = [s for s in apps_exporter.get_finished_spans() if s.kind.name == "SERVER"]
+    assert len(servers) == REQUESTS and all(sc.CPU_MS in s.attributes for s in servers)
+    provider.shutdown()
+
+
+def test_opentelemetry_instrumentation_fastapi(serve: Any, otel_globals: None,
+                                               memory: InMemorySpanExporter) -> None:  # fmt: skip
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    tracekit.configure(service_name="gateway", exporter=memory)
+    app = gateway()
+    FastAPIInstrumentor.instrument_app(app)
+    try:
+        server = serve(app)
+        with tracekit.record() as rec:
+            drive(server.url)
+            check_one_trace_per_request(settle(lambda: rec.spans))
+            check_report(rec)
+            assert scopes(rec.spans) == {"opentelemetry.instrumentation.fastapi"}
+        check_one_trace_per_request(settle(flushed(memory)))
+    finally:
+        FastAPIInstrumentor.uninstrument_app(app)
