@@ -36,33 +36,39 @@ from tracekit._core.ledger import SPAWNED, Ledger
 
 class SpawnedCoroutine:
     """A spawned task's coroutine, as the task sees it: ``send``/``throw``/``close`` go to a
-    driver that times each step (created at the first step, so a task cancelled before it
-    starts opens nothing). Every other attribute (``cr_frame``, ``cr_running``, ``__qualname__``,
-    ...) is the wrapped coroutine's, so ``Task.get_stack()`` and libraries asking whether a
-    task has started (anyio) see the application's coroutine."""
+    driver that times each step into ``led``, the task's ledger (made with the task: the
+    request is not handed on before the task ends, see :mod:`tracekit._core.request_record`;
+    a task cancelled or closed before it starts closes it at once). Every other attribute
+    (``cr_frame``, ``cr_running``, ``__qualname__``, ...) is the wrapped coroutine's, so
+    ``Task.get_stack()`` and libraries asking whether a task has started (anyio) see the
+    application's coroutine."""
 
-    __slots__ = ("coro", "runner", "spawner")
+    __slots__ = ("coro", "led", "runner")
 
-    def __init__(self, coro: Any, spawner: Ledger) -> None:
+    def __init__(self, coro: Any, led: Ledger) -> None:
         self.coro = coro
-        self.spawner = spawner
+        self.led = led
         self.runner: Generator[Any, Any, Any] | None = None
 
     def send(self, value: Any) -> Any:
         runner = self.runner
         if runner is None:
-            runner = self.runner = _run(self.coro, self.spawner)
+            runner = self.runner = _run(self.coro, self.led)
         return runner.send(value)
 
     def throw(self, *args: Any) -> Any:
         runner = self.runner
         if runner is None:  # not started: the coroutine itself takes it, as without tracekit
+            self.runner = _NOT_RUN
+            finish(self.led)
             return self.coro.throw(*args)
         return runner.throw(*args)
 
     def close(self) -> None:
         runner = self.runner
         if runner is None:
+            self.runner = _NOT_RUN
+            finish(self.led)
             self.coro.close()
         else:
             runner.close()
@@ -87,25 +93,24 @@ class SpawnedCoroutine:
         return repr(self.coro)
 
 
-_OWN: Final = frozenset(("coro", "runner", "spawner"))
+_OWN: Final = frozenset(("coro", "led", "runner"))
 collections.abc.Coroutine.register(SpawnedCoroutine)
 
 
-def _run(coro: Any, spawner: Ledger) -> Generator[Any, Any, Any]:
-    """Drive ``coro`` with a ledger of its own, folded into ``spawner``'s side when it ends."""
-    led = None
-    try:
-        led = Ledger(SPAWNED, spawner.request, None, spawner.span_id)
-        led.spawner = spawner
-    except Exception:
-        internal_error("spawned task start")
-    if led is None:
-        return (yield from coro.__await__())
+def _run(coro: Any, led: Ledger) -> Generator[Any, Any, Any]:
+    """Drive ``coro`` with its ledger, closed and folded when it ends."""
     try:
         return (yield from drive(coro, led))
     finally:
         finish(led)
 
+
+def _not_run() -> Generator[Any, Any, Any]:
+    """The runner of a coroutine that was closed or thrown into before it started."""
+    yield from ()
+
+
+_NOT_RUN: Final = _not_run()
 
 def finish(led: Ledger) -> None:
     """The spawned task ended: fold its ledger, close it, hand the request on if it was the
@@ -159,7 +164,9 @@ def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options:
         spawner = get_ledger() if context is None else context.get(current_ledger, None)
         # Not a request the sampler dropped, nor one already handed on for span building.
         if spawner is not None and spawner.request is not None and spawner.request.pending > 0:
-            coro = SpawnedCoroutine(coro, spawner)
+            led = Ledger(SPAWNED, spawner.request, None, spawner.span_id)
+            led.spawner = spawner
+            coro = SpawnedCoroutine(coro, led)
     except Exception:
         internal_error("spawned task")
     if previous is None:
