@@ -72,6 +72,13 @@ class Proxy:
     async def call_model(self, body: dict[str, Any]) -> httpx.Response:
         return await self._client().post("/v1/chat/completions", json=body)
 
+    @tracekit.stage("model")
+    async def stream_model(self, body: dict[str, Any]) -> Any:
+        async with self._client().stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line:
+                    yield line
+
     async def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
         """The upstream call, as the proxy's router runs it: in a task of its own."""
         response = await self.call_model(body)
@@ -104,11 +111,9 @@ class Proxy:
             return JSONResponse(data)
 
         async def relay() -> Any:
-            async with self._client().stream("POST", "/v1/chat/completions", json=body) as response:
-                async for line in response.aiter_lines():
-                    if line:
-                        spin(self.units[1] / 10)
-                        yield line + "\n\n"
+            async for line in self.stream_model(body):
+                spin(self.units[1] / 10)
+                yield line + "\n\n"
             self.after_response({"streamed": True})
 
         return StreamingResponse(relay(), media_type="text/event-stream")

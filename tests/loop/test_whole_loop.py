@@ -164,3 +164,24 @@ def test_a_forced_full_collection_is_gc_not_the_stages_cpu(loop: str, serve: Any
     longest = max(w.get(sc.LOOP_GC_MAX_MS, 0) for w in windows)
     assert longest >= 0.8 * collection_ms
     assert any(w.get(sc.LOOP_GC_MAX_GENERATION) == 2 for w in windows)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_every_requests_buckets_add_up_to_its_wall_time(loop: str, model: ModelServer, serve: Any) -> None:
+    """Streamed replies included (the body runs in tasks Starlette spawns, the model stage is
+    an async generator whose consumer sends the chunks): CPU + loop wait + model wait + I/O
+    wait + queue wait + GC = the request's wall time, for every request."""
+    proxy = Proxy(model.url)
+    with tracekit.record() as rec:
+        server = serve(proxy.app, loop=loop, http="httptools")
+        drive_load(server.url, 60, 8, stream_every=2, max_tokens=20)
+        time.sleep(0.3)
+        tracing.flush_all()
+        requests = [s.attributes for s in rec.spans if s.kind.name == "SERVER"]
+    assert len(requests) == 60 and sum(a.get(sc.CHUNKS, 0) > 1 for a in requests) == 30
+    for a in requests:
+        parts = (a[sc.CPU_MS] + a[sc.LOOP_WAIT_MS] + a[sc.MODEL_WAIT_MS] + a[sc.IO_WAIT_MS]
+                 + a.get(sc.QUEUE_WAIT_MS, 0.0) + a.get(sc.GC_MS, 0.0))  # fmt: skip
+        assert parts == pytest.approx(a[sc.WALL_MS], rel=0.01, abs=0.05), {
+            k.split(".")[-1]: v for k, v in a.items() if isinstance(v, float)}
+        assert a[sc.MODEL_WAIT_MS] > 0, dict(a)

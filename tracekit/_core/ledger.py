@@ -10,7 +10,8 @@ Split of a ledger's wall time, each nanosecond counted once::
 
 - ``cpu``: thread CPU of the ledger's own steps; a nested stage's step CPU is subtracted from
   the step that contains it (``nested_cpu``), so CPU is exclusive.
-- ``children``: wall time covered by direct child stages (union of their intervals).
+- ``children``: wall time covered by direct child stages (union of their intervals), less
+  the time async-generator children spent with their consumer (the parent's code, mostly).
 - ``consumer``: async-generator stages only: time the consumer held a yielded item.
 - ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`).
 - ``queued``: suspended on a lock, semaphore, condition or queue: waiting for other tasks of
@@ -128,6 +129,9 @@ class Ledger:
     consumer = 0  # async generators: ns the consumer held yielded items
     gc = 0  # ns of garbage collection inside its own steps (tracekit._core.gc_pauses)
     queued = 0  # ns suspended on a lock, semaphore, condition or queue (waiting for other tasks)
+    # ns its async-generator children spent with their consumer (this ledger's code, mostly):
+    # inside their intervals, not covered by them (see split).
+    child_consumer = 0
     spawner: Ledger | None = None  # a spawned task's ledger: the ledger current when it was created
     slices: list[tuple[int, int]] | None = None  # (start, duration) >= 1 ms, on the loop
     waits: list[tuple[int, int]] | None = None  # (ready, duration) >= 1 ms
@@ -290,6 +294,8 @@ def close(led: Ledger, end: int = 0) -> bool:
             parent.child_spans = [(led.start, end)]
         else:
             parent.child_spans.append((led.start, end))
+        if led.consumer:
+            parent.child_consumer += led.consumer
     request = led.request
     if request is None:
         return False
@@ -346,7 +352,9 @@ def split(led: Ledger, end: int) -> tuple[int, int, int, int]:
     if wall < 0:
         wall = 0
     spans = led.child_spans
-    children = covered_ns(spans, start, start + wall) if spans else 0
+    children = covered_ns(spans, start, start + wall) - led.child_consumer if spans else 0
+    if children < 0:
+        children = 0
     free = wall - children - led.consumer - cpu_of(led) - led.gc - led.queued
     if free < 0:
         free = 0

@@ -143,6 +143,8 @@ def fold(led: Ledger) -> None:
         target.gc += led.gc
     if led.queued:
         target.queued += led.queued
+    if led.child_consumer:
+        target.child_consumer += led.child_consumer
     if led.slices:
         for start, held in led.slices:
             target.slices = ledger.note(target.slices, start, held)

@@ -13,7 +13,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from tracekit import semconv
-from tracekit._core.ledger import MS, SPAWNED, Ledger, cpu_of, split
+from tracekit._core.ledger import MS, REQUEST, SPAWNED, Ledger, cpu_of, split
 from tracekit._core.request_record import Request
 from tracekit._percentile import percentile
 from tracekit.semconv import (
@@ -130,8 +130,13 @@ def ledger_end(led: Ledger, open_at: int) -> int:
 def ledger_parts(request: Request, end: int = 0) -> list[tuple[int, int, int, int]]:
     """:func:`tracekit._core.ledger.split` of every ledger of ``request``, in ledger order
     (``end``: the request's end, default :func:`end_of`; for ledgers never closed)."""
-    open_at = open_end(request, end or end_of(request))
-    return [split(led, ledger_end(led, open_at)) for led in request.ledgers]
+    end = end or end_of(request)
+    open_at = open_end(request, end)
+    # The request's own ledger is split over the request span (to its last byte): it may
+    # close later (a streamed body's task group ending), and the request's components add
+    # up to the request's wall time.
+    return [split(led, min(ledger_end(led, open_at), end) if led.site is REQUEST else ledger_end(led, open_at))
+            for led in request.ledgers]  # fmt: skip
 
 
 def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait: int) -> dict[str, Any]:

@@ -93,8 +93,7 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
                 siblings.append(span)
     heads = [s for s in by_id.values() if s.kind == "server"]
     if not heads and not late:
-        # A loop window (tracekit.loop) is not a request.
-        if all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in by_id.values()):
+        if all(is_loop_window(s) for s in by_id.values()):  # not a request
             return []
         if roots and all(_orphan_stage(root, by_id) for root in roots):
             # tracekit stages under a span the input lacks: their request span went to
@@ -105,6 +104,11 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
     if len(heads) > 1:
         heads.sort(key=_BY_START)
     return [_request(head, children) for head in heads]
+
+
+def is_loop_window(span: Span) -> bool:
+    """Whether ``span`` is a loop window (``tracekit.loop``, a trace of its own)."""
+    return span.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in span.attributes
 
 
 def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:

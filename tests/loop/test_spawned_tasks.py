@@ -1,0 +1,197 @@
+"""Tasks a request spawns are its work, and stay the application's tasks (issue 13, item 1).
+
+tracekit's task factory runs a spawned task's coroutine under a driver; the application must
+see no difference: its own task factory still runs, a task cancelled before it starts warns
+about nothing, ``Task.get_stack()`` and anyio see the application's coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import tracekit
+from tracekit import semconv as sc
+from tracekit._core import spawned
+
+from ..core.apps import burn_cpu, spin
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+async def _call(app: Any, loop_kind: str = "asyncio") -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "root_path": "",
+             "query_string": b"", "headers": [], "scheme": "http", "http_version": "1.1"}  # fmt: skip
+    await tracekit.TracekitMiddleware(app)(scope, receive, send)
+    return sent
+
+
+async def _respond(send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _run(main: Any, loop_kind: str) -> None:
+    if loop_kind == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_cpu_of_spawned_tasks_is_the_requests(loop_kind: str) -> None:
+    burnt: list[float] = []  # CPU the spawned work used, by the test's own thread clock
+
+    def work(units: int) -> None:
+        started = time.thread_time()
+        spin(units)
+        burnt.append(time.thread_time() - started)
+
+    @tracekit.stage("tokenize")
+    def tokenize() -> None:
+        work(5)
+
+    async def upstream() -> int:
+        tokenize()  # a stage inside the task: a child of the request's span
+        await asyncio.sleep(0.001)
+        work(20)  # unstaged work in the task: the request's CPU
+        return 1
+
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        await asyncio.create_task(upstream())
+        await asyncio.gather(*(asyncio.sleep(0.001, burn_cpu(0)) for _ in range(2)))
+        await asyncio.gather(*(asyncio.to_thread(int) for _ in range(2)))
+        await _respond(send)
+
+    with tracekit.record() as rec:
+        _run(_call(app), loop_kind)
+        spans = rec.spans
+    request = next(s for s in spans if s.kind.name == "SERVER")
+    stage = next(s for s in spans if s.attributes.get(sc.STAGE) == "tokenize")
+    assert request.attributes[sc.CPU_MS] >= 0.95 * sum(burnt) * 1000, (request.attributes, burnt)
+    assert stage.parent is not None and stage.parent.span_id == request.context.span_id
+    assert [s.name for s in spans if s.name not in ("tokenize", request.name)] == []
+
+
+def test_a_task_cancelled_before_it_starts_warns_about_nothing() -> None:
+    async def never() -> None:
+        raise AssertionError("must not run")
+
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        task = asyncio.create_task(never())
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        closed = asyncio.create_task(never())
+        closed.get_coro().close()  # closed before it starts: the task ends with it
+        await asyncio.sleep(0)
+        await _respond(send)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would raise
+        with tracekit.record() as rec:
+            asyncio.run(_call(app))
+            spans = rec.spans
+        import gc
+
+        gc.collect()
+    assert sum(s.kind.name == "SERVER" for s in spans) == 1
+
+
+def test_the_application_sees_its_own_coroutine_and_its_own_task_factory() -> None:
+    made: list[str] = []
+    seen: dict[str, Any] = {}
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+        made.append(getattr(coro, "__qualname__", "?"))
+        return asyncio.Task(coro, loop=loop, **options)
+
+    async def child() -> None:
+        await asyncio.sleep(0.01)
+
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        task = asyncio.create_task(child(), name="the-child")
+        await asyncio.sleep(0)  # it starts and suspends in its sleep
+        frames = task.get_stack()
+        seen["stack"] = [f.f_code.co_name for f in frames]
+        seen["qualname"] = task.get_coro().__qualname__
+        seen["suspended"] = task.get_coro().cr_frame is not None and not task.get_coro().cr_running
+        seen["name"] = task.get_name()
+        await task
+        await _respond(send)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_task_factory(factory)
+        await _call(app)
+        seen["factory"] = asyncio.get_running_loop().get_task_factory()
+
+    with tracekit.record():
+        asyncio.run(main())
+    assert any(name.endswith(".child") for name in made)  # the application's factory ran, with tracekit's wrapper around it
+    assert seen["stack"] == ["child"] and seen["qualname"].endswith("child")
+    assert seen["suspended"] and seen["name"] == "the-child"
+    assert isinstance(seen["factory"], spawned.TaskFactory) and seen["factory"].previous is factory
+
+
+def test_anyio_task_groups_and_starlette_streams_run_as_before() -> None:
+    import anyio
+
+    results: list[int] = []
+
+    async def worker(n: int) -> None:
+        await anyio.sleep(0.001)
+        results.append(n)
+
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        async with anyio.create_task_group() as group:
+            for n in range(3):
+                group.start_soon(worker, n)
+            group.cancel_scope.deadline = anyio.current_time() + 5
+        with anyio.move_on_after(0.01):  # a cancelled child: anyio asks whether it started
+            async with anyio.create_task_group() as group:
+                group.start_soon(anyio.sleep, 10)
+        await _respond(send)
+
+    with tracekit.record() as rec:
+        asyncio.run(_call(app))
+        spans = rec.spans
+    assert sorted(results) == [0, 1, 2]
+    assert sum(s.kind.name == "SERVER" for s in spans) == 1
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks need Python 3.12")
+def test_eager_tasks_are_driven_too() -> None:
+    async def child() -> None:
+        burn_cpu(10)  # runs eagerly, inside create_task, nested in the request's step
+        await asyncio.sleep(0.001)
+        burn_cpu(10)
+
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        await asyncio.create_task(child())
+        await _respond(send)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+        await _call(app)
+
+    with tracekit.record() as rec:
+        asyncio.run(main())
+        spans = rec.spans
+    request = next(s for s in spans if s.kind.name == "SERVER")
+    assert 15 <= request.attributes[sc.CPU_MS] <= request.attributes[sc.WALL_MS]
