@@ -21,7 +21,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from tracekit._core import active_span, clock, event_loop, gc_pauses, ledger, loop_view, spawned
+from tracekit._core import active_span, clock, event_loop, ledger, loop_view, spawned
 from tracekit._core.current import reset_ledger, set_ledger
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import REQUEST, Ledger, Site
@@ -74,7 +74,8 @@ def begin(runtime: Any, scope: MutableMapping[str, Any]) -> Request | SpanContex
 def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
     """Bind the request as the current one (its root ledger and OpenTelemetry context), have
     the watchdog watch this loop thread and the loop's view count the request (the first
-    time on a loop: its task factory and the GC hook are installed); returns what
+    time on a loop: its view, and the task factory that makes the tasks a request spawns
+    its own, :mod:`tracekit._core.spawned`); returns what
     :func:`leave` unbinds (None: it could not, logged)."""
     try:
         state = event_loop.thread_state()
@@ -86,8 +87,8 @@ def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
             view = state.view
             if view is None or view.loop is not loop:
                 view = loop_view.view_for(loop, state)
-                spawned.install(loop)
-                gc_pauses.install()
+            if not view.factory:
+                view.factory = spawned.install(loop)
             view.request_started()
             request.view = view
         return (set_ledger(request.root),

@@ -51,7 +51,17 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     """
     state = event_loop.thread_state()
     loop = _get_running_loop()
-    task = None if loop is None else _current_task(loop)
+    task = None
+    if loop is not None:
+        task = _current_task(loop)
+        try:  # the loop's view, probing while traced work runs (tracekit._core.loop_view)
+            view = state.view
+            if view is None or view.loop is not loop:
+                view = loop_view.view_for(loop, state)
+            if not view.probing:
+                view.start_probe()
+        except Exception:
+            internal_error("loop view")
     send, throw = coro.send, coro.throw
     inspect = coro if awaiting is None else awaiting
     cursor = led  # the ledger whose code runs when coro resumes (led, or a stage inside it)

@@ -21,10 +21,14 @@ when a suspended coroutine resumes at ``resumed`` after suspending at ``suspende
 3. Otherwise (I/O, a future set by another task), the ready time is not recorded anywhere.
    If the loop was busy right up to the resumption (the last slice ended less than
    ``GAP_NS`` before it), the coroutine waited for the loop as long as work made ready from
-   outside waits there now: the loop probe's latest measurement (``ThreadState.lag``,
+   outside waits there now: the loop probe's latest measurement if it was made during the
+   suspension (``ThreadState.lag``,
    :mod:`tracekit._core.loop_view`: a timer whose callback makes a second callback ready,
-   as an I/O callback makes a task ready), clipped to the suspension. Otherwise the loop
-   was idle when the readiness came: loop_wait = 0.
+   as an I/O callback makes a task ready), or half the time the probe's pending timer has
+   been overdue if that is longer (one long block, which the latest measurement predates:
+   the readiness came at an unknown point of it), and never longer than the busy run ending
+   at the resumption (clipped to the suspension). Otherwise the loop was idle when the
+   readiness came: loop_wait = 0.
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ if TYPE_CHECKING:
 # A CPU-clock reading within this many ns of wall time after the last real one on the same
 # thread is inferred from it (see cpu_now).
 CPU_REUSE_NS: Final = 20_000
-GAP_NS: Final = 1_000_000  # a loop idle this long before a resumption was not what delayed it
+# A loop that ran no traced slice this long before a resumption was idle then, or running a
+# little untraced work (the server's callbacks, the probe): the readiness came then, when the
+# probe (every 10 ms while traced work runs) would have seen a busy loop.
+GAP_NS: Final = 10_000_000
 # Suspensions at least this long are checked for what they waited on (a lock, a queue, ...).
 QUEUE_MIN_NS: Final = 1_000_000
 
@@ -59,7 +66,7 @@ class ThreadState:
     """
 
     __slots__ = ("busy_cpu", "busy_wall", "cell", "cpu_at", "cpu_last", "gc", "ident", "lag",
-                 "last_end", "loop", "name", "seq", "slice_c0",
+                 "lag_at", "last_end", "loop", "name", "probe_due", "run_start", "seq", "slice_c0",
                  "slice_start", "task", "top", "view", "watched")  # fmt: skip
 
     def __init__(self) -> None:
@@ -84,9 +91,14 @@ class ThreadState:
         # The loop's recent queueing delay (ns) for work made ready from outside, measured by
         # the loop probe (tracekit._core.loop_view): what an I/O resumption waits for the loop.
         self.lag = 0
+        self.lag_at = 0  # when it was measured (wall ns)
         self.gc: Any = None  # garbage collections on this thread (tracekit._core.gc_pauses.Pauses)
         self.view: Any = None  # the loop view of the loop this thread runs (tracekit._core.loop_view)
         self.last_end = 0  # wall ns when the last outermost slice on a loop thread ended
+        self.run_start = 0  # when the busy run it ends began (slices less than GAP_NS apart)
+        # When the loop probe's pending timer is due (0: none pending); a resumption after it
+        # with the probe not yet run has waited for the loop at least since then.
+        self.probe_due = 0
         self.watched: object = None  # the watchdog sampling this thread (see _watchdog.py)
         # Where a watchdog polling without the GIL reads slice_start: an array('q') of one
         # item, None when no such watchdog watches this thread (see _watchdog.py).
@@ -131,6 +143,9 @@ def slice_begin(state: ThreadState, now: int, cpu: int, task: object = None, loo
     stage called outside any step."""
     state.slice_start = now
     state.slice_c0 = cpu
+    view = state.view
+    if view is not None and not view.probing:  # traced work again: probe the loop
+        view.start_probe()
     state.task = task
     state.loop = loop
     state.seq += 1
@@ -155,6 +170,8 @@ def slice_end(state: ThreadState, end: int, cpu: int, on_loop: bool) -> None:
 
 def record_slice(state: ThreadState, start: int, end: int) -> None:
     """Count one outermost slice of a loop thread (``start`` to ``end``, wall ns)."""
+    if start - state.last_end > GAP_NS:
+        state.run_start = start
     state.last_end = end
     state.busy_wall += end - start
 
@@ -240,6 +257,11 @@ def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaitin
         return max(0, resumed - max(ready, suspended))
     if resumed - last_end > GAP_NS:
         return 0
-    lag = state.lag
-    held = resumed - suspended
-    return lag if lag < held else held
+    lag = state.lag if state.lag_at > suspended else 0  # measured during this suspension only
+    due = state.probe_due
+    # The probe's timer overdue: the loop has been held since (one long block, which the last
+    # measurement predates); the readiness came somewhere in there: half of it, like the run.
+    if due and (resumed - due) // 2 > lag:
+        lag = (resumed - due) // 2
+    run = resumed - max(state.run_start, suspended)
+    return lag if lag < run else run

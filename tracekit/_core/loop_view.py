@@ -4,7 +4,7 @@ One :class:`LoopView` per event loop a traced request has run on (made by :func:
 on the loop's thread). It does two things:
 
 **The probe** measures how long work made ready from outside waits for the loop. While
-requests are in flight, a timer fires every ``PROBE_S``; its callback makes a second callback
+traced work runs on the loop, a timer fires every ``PROBE_S``; its callback makes a second callback
 ready (``call_soon``), as an I/O callback (``data_received``) makes the task awaiting the
 data ready. The delay from the timer's deadline to the second callback is what a resumption
 after I/O waits for the loop, except the timer's own lateness when the loop was idle at the
@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Final
 
-from tracekit._core import clock, event_loop
+from tracekit._core import clock, event_loop, gc_pauses
 from tracekit._core.failsafe import internal_error
 from tracekit._core.gc_pauses import GENERATIONS, Pauses
 
@@ -64,8 +64,10 @@ class LoopView:
         self.thread_name = state.name
         self.cpu_clock = _thread_cpu_clock(state.ident)
         self.inflight = 0  # traced requests running on this loop now (written on the loop thread)
+        self.factory = False  # tracekit's task factory is installed (tracekit._core.asgi)
         self.tracekit_ns = 0  # tracekit's bookkeeping after traced steps, sampled (tracekit._core.driver)
         self.probing = False
+        self._busy_at_schedule = 0
         self.deadline = 0
         self.fired = 0
         self.lags: list[int] = []  # this window's probe measurements, ns
@@ -82,15 +84,24 @@ class LoopView:
     def request_started(self) -> None:
         """A traced request begins on this loop: count it, and probe while any runs."""
         self.inflight += 1
-        if not self.probing:
-            self.probing = True
-            self._schedule()
+        self.start_probe()
 
     def request_ended(self) -> None:
         self.inflight -= 1
 
+    def start_probe(self) -> None:
+        """Probe while traced work runs on this loop (traced requests in flight, or traced
+        steps since the last probe)."""
+        if not self.probing and not self.loop.is_closed():
+            self.probing = True
+            try:
+                self._schedule()
+            except Exception:  # not this loop's thread, or the loop stopped: next time
+                self.probing = False
+
     def _schedule(self) -> None:
-        self.deadline = clock.wall_ns() + PROBE_NS
+        self.deadline = self.state.probe_due = clock.wall_ns() + PROBE_NS
+        self._busy_at_schedule = self.state.busy_wall
         self.loop.call_later(PROBE_S, self._fire)
 
     def _fire(self) -> None:
@@ -110,14 +121,16 @@ class LoopView:
             busy = state.slice_start != 0 or state.last_end > self.deadline
             lag = now - (self.deadline if busy and self.fired > self.deadline else self.fired)
             state.lag = lag
+            state.lag_at = now
+            state.probe_due = 0
             if len(self.lags) < MAX_LAGS:
                 self.lags.append(lag)
             if self._count_tasks:
                 self._count_tasks = False
                 self.tasks = len(asyncio.all_tasks(self.loop))
-            if self.inflight > 0:
+            if self.inflight > 0 or state.busy_wall != self._busy_at_schedule:
                 self._schedule()
-            else:
+            else:  # nothing traced ran since the last probe: stop until something does
                 self.probing = False
                 state.lag = 0
         except Exception:
@@ -181,9 +194,11 @@ views: list[LoopView] = []  # every loop view made in this process (the runtime 
 
 
 def view_for(loop: asyncio.AbstractEventLoop, state: event_loop.ThreadState) -> LoopView:
-    """The view of ``loop`` (running on the thread whose state is ``state``), made on first use."""
+    """The view of ``loop`` (running on the thread whose state is ``state``), made on first use
+    (garbage collections are timed from then on)."""
     view = state.view
     if view is None or view.loop is not loop:
+        gc_pauses.install()
         view = state.view = LoopView(loop, state)
         with _lock:
             views[:] = [v for v in views if not v.loop.is_closed()]

@@ -188,11 +188,14 @@ class TaskFactory:
         return create(loop, coro, self.previous, **options)
 
 
-def install(loop: asyncio.AbstractEventLoop) -> None:
-    """Make ``loop``'s task factory tracekit's (idempotent; chains an existing one)."""
+def install(loop: asyncio.AbstractEventLoop) -> bool:
+    """Make ``loop``'s task factory tracekit's (idempotent; chains an existing one); returns
+    whether it is (False: the loop refused it, logged)."""
     try:
         previous = loop.get_task_factory()
         if not isinstance(previous, TaskFactory):
             loop.set_task_factory(TaskFactory(previous))
+        return True
     except Exception:
         internal_error("task factory")
+        return True  # logged once: not asked again
