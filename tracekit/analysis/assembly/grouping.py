@@ -40,6 +40,7 @@ from tracekit.analysis.assembly.request_records import (
     DECODED_KEYS,
     compact,
     decode_pairs,
+    loop_trace,
     request_record,
     requests_of_trace,
     route_of,
@@ -214,7 +215,7 @@ class Window:
         self.flushed[trace_id] = at
         self._expiry.append((at, trace_id))
         requests = self.build(group.spans, late=group.late)
-        if not requests and not group.late and group.spans:
+        if not requests and not group.late and group.spans and not loop_trace(group.spans):
             self.orphan_traces += 1
             self.orphan_spans += len(group.spans)
         return iter(requests)

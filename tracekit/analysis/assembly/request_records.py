@@ -11,6 +11,7 @@ are read inline and only unusual ones go through the helpers.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
@@ -93,8 +94,8 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
                 siblings.append(span)
     heads = [s for s in by_id.values() if s.kind == "server"]
     if not heads and not late:
-        # A loop window (tracekit.loop) is not a request.
-        if all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in by_id.values()):
+        # A loop window (tracekit.loop) is not a request (the pipeline counts it apart).
+        if loop_trace(by_id.values()):
             return []
         if roots and all(_orphan_stage(root, by_id) for root in roots):
             # tracekit stages under a span the input lacks: their request span went to
@@ -105,6 +106,11 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
     if len(heads) > 1:
         heads.sort(key=_BY_START)
     return [_request(head, children) for head in heads]
+
+
+def loop_trace(spans: Iterable[Span]) -> bool:
+    """Whether every span of a trace is an event-loop window (``tracekit.loop``), not a request."""
+    return all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in spans)
 
 
 def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:
