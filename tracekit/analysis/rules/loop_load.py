@@ -51,7 +51,7 @@ class LoopLoad:
         wall_ms, cpu_ms, requests_cpu_ms, gc_cpu_ms, tracekit_cpu_ms, background_cpu_ms,
             gc_ms: the windows' sums.
         busy: each window's busy ratio.
-        lag_p95: each window's lag p95, where the probe ran.
+        lag_p50, lag_p95: each window's lag p50 and p95, where the probe ran.
     """
 
     service: str
@@ -66,6 +66,7 @@ class LoopLoad:
     background_cpu_ms: float = 0.0
     gc_ms: float = 0.0
     busy: list[float] = field(default_factory=list)
+    lag_p50: list[float] = field(default_factory=list)
     lag_p95: list[float] = field(default_factory=list)
 
     @property
@@ -77,6 +78,11 @@ class LoopLoad:
     def busy_p50(self) -> float:
         """The median window's busy ratio."""
         return percentile(self.busy, 0.5) if self.busy else 0.0
+
+    @property
+    def lag_p50_ms(self) -> float | None:
+        """The median window's lag p50 (``None``: no probe ran)."""
+        return percentile(self.lag_p50, 0.5) if self.lag_p50 else None
 
     @property
     def lag_p95_ms(self) -> float | None:
@@ -145,6 +151,8 @@ def loop_load(
         load.background_cpu_ms += w.background_cpu_ms
         load.gc_ms += w.gc_ms
         load.busy.append(w.busy_ratio)
+        if w.lag_p50_ms is not None:
+            load.lag_p50.append(w.lag_p50_ms)
         if w.lag_p95_ms is not None:
             load.lag_p95.append(w.lag_p95_ms)
     return load
