@@ -127,7 +127,9 @@ def test_the_loop_section_sums_the_exported_windows(saturated: tuple[Report, lis
     assert one["cpu_ms"]["total"] == pytest.approx(total(semconv.LOOP_CPU_MS), rel=1e-6)
     assert one["cpu_ms"]["requests"] == pytest.approx(total(semconv.LOOP_REQUESTS_CPU_MS), rel=1e-6)
     assert one["cpu_ms"]["background"] == pytest.approx(total(semconv.LOOP_BACKGROUND_CPU_MS), rel=1e-6)
-    assert one["gc"]["counts"] == [sum(w.attributes[semconv.LOOP_GC_COUNTS][g] for w in windows) for g in range(3)]
+    assert one["gc"]["counts"] == [
+        sum(w.attributes[semconv.LOOP_GC_COUNTS][g] for w in windows) for g in range(3)
+    ]
     busy = sorted(w.attributes[semconv.LOOP_BUSY_RATIO] for w in windows)
     assert one["busy"]["max"] == pytest.approx(busy[-1])
     # The route ran most of the loop's CPU (its requests' CPU and tasks, as the loop saw it).

@@ -5,9 +5,9 @@
 the replay model's self-check (``validation``), the slowest request as a waterfall
 (``slowest``), an event-loop ``timeline`` of at most :data:`TIMELINE_REQUESTS` requests
 around the longest loop slice of the sample, and the ``loop`` view: per event loop, what it
-ran per window (:mod:`tracekit.analysis.stats.loop_windows`), and each route's share of it. ``Report.to_dict()`` is the stable JSON schema
-(``docs/analyzer.md``); ``Report.from_dict`` reads it back, filling keys that older files
-lack with defaults.
+ran per window (:mod:`tracekit.analysis.stats.loop_windows`), and each route's share of it.
+``Report.to_dict()`` is the stable JSON schema (``docs/analyzer.md``); ``Report.from_dict``
+reads it back, filling keys that older files lack with defaults.
 """
 
 from __future__ import annotations

@@ -368,9 +368,9 @@ class _Renderer:
             if isinstance(lag, Mapping):
                 self._wrap("lag ms        " + "  ".join(
                     f"{k} {fmt_ms(lag.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
-            self._wrap(f"most tasks {one.get('tasks_max') if _is_number(one.get('tasks_max')) else '-'} "
-                       f"{g.dot} most in flight {one.get('inflight_max') if _is_number(one.get('inflight_max')) else '-'}",
-                       2)
+            tasks, inflight = (one.get(k) for k in ("tasks_max", "inflight_max"))
+            self._wrap(f"most tasks {_int(tasks) if _is_number(tasks) else '-'} {g.dot} most in "
+                       f"flight {_int(inflight) if _is_number(inflight) else '-'}", 2)  # fmt: skip
             for route in loop.get("routes") or []:
                 if isinstance(route, Mapping) and route.get("service") == one.get("service"):
                     self._wrap(f"{self._cut(str(route.get('route')), self.width // 2)}: "

@@ -75,9 +75,7 @@ class BackgroundOnLoop:
                     out.append(found)
         return out
 
-    def _finding(
-        self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext
-    ) -> Finding | None:
+    def _finding(self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext) -> Finding | None:
         waited: dict[str, float] = {}
         for r in load.requests:
             if r.instrumented:

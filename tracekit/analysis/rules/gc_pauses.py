@@ -63,9 +63,7 @@ class GcPauses:
                 out.append(found)
         return out
 
-    def _finding(
-        self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext
-    ) -> Finding | None:
+    def _finding(self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext) -> Finding | None:
         counts = [sum(w.gc_counts[g] for w in load.windows) for g in range(3)]
         longest = max(load.windows, key=lambda w: (w.gc_max_ms or 0.0, w.gc_max_generation or 0))
         longest_ms = longest.gc_max_ms or 0.0

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit import semconv
-
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.stats.intervals import Interval, StageTree

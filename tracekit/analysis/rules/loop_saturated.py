@@ -112,9 +112,7 @@ class LoopSaturated:
                 out.append(found)
         return out
 
-    def _finding(
-        self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext
-    ) -> Finding | None:
+    def _finding(self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext) -> Finding | None:
         # Each (route, stage)'s on-loop CPU in the windows' requests, and its usages.
         uses: dict[tuple[str, str | None], list[Usage]] = {}
         for req in load.requests:
@@ -149,28 +147,41 @@ class LoopSaturated:
         projection = queueing_projection(requests, victim, utilisation_factor(rho, rho_after))
         per_request = load.per_request(total)
         ranked = sorted(cpu, key=lambda k: (-cpu[k], k[0], k[1] or ""))
-        parts = [f"{name_of(k[1])}{'' if k[0] == victim else f' ({k[0]})'} {ms(cpu[k] / max(1, len(load.requests)))} "
-                 f"({cpu[k] / total:.0%})" for k in ranked[:4] if cpu[k] >= 0.01 * total]  # fmt: skip
+        n = max(1, len(load.requests))
+        parts = [
+            f"{name_of(k[1])}{'' if k[0] == victim else f' ({k[0]})'} {ms(cpu[k] / n)} ({cpu[k] / total:.0%})"
+            for k in ranked[:4]
+            if cpu[k] >= 0.01 * total
+        ]
         folded = [name_of(k[1]) for k in ranked if k in flagged]
-        untraced = load.per_request(load.untraced_cpu_ms)
-        lag = load.lag_p95_ms
-        evidence = (
-            f"the event loop of {load.service} was busy {load.busy_p50:.0%} of the time (median "
-            f"of {len(load.windows)} windows, p95 {percentile(load.busy, 0.95):.0%}; "
-            f"{now} process{'es' if now > 1 else ''})"
-            + (f", and work made ready waited {ms(lag)} for it (median window lag p95)" if lag is not None else "")
-            + (f"; the loop thread ran on a CPU only {load.busy_p50:.0%} of the time while work waited "
-               f"{ms(load.lag_p50_ms or 0.0)} for it (median window lag p50): it was runnable, waiting "
-               f"for a CPU or the GIL (other processes or threads), so more workers need free cores"
-               if load.busy_p50 < self.min_busy else "")
-            + f": each request ran {ms(per_request)} of CPU on it in short slices (no stage's "
-            f"longest slice reached {ms(self.cpu_rule.min_slice_ms)}): {', '.join(parts)}; plus "
-            f"{ms(untraced)} per request that no request owns (server I/O and tasks of no request "
-            f"{ms(load.per_request(load.background_cpu_ms))}, GC {ms(load.per_request(load.gc_cpu_ms))}, "
-            f"tracekit {ms(load.per_request(load.tracekit_cpu_ms))}); {victim}'s requests waited "
-            f"{ms(sum(waits) / max(1, len(waits)))} each for the loop (p95 {ms(percentile(waits, 0.95))})"
-            + (f"; {', '.join(folded)}: see cpu-on-loop" if folded else "")
-        )  # fmt: skip
+        evidence = [
+            f"the event loop of {load.service} was busy {load.busy_p50:.0%} of the time (median of "
+            f"{len(load.windows)} windows, p95 {percentile(load.busy, 0.95):.0%}; {now} "
+            f"process{'es' if now > 1 else ''})"
+        ]
+        if load.lag_p50_ms is not None and load.lag_p95_ms is not None:
+            evidence.append(
+                f"work made ready waited {ms(load.lag_p50_ms)} for it (median window lag p50; p95 "
+                f"{ms(load.lag_p95_ms)})"
+            )
+        if load.busy_p50 < self.min_busy:
+            evidence.append(
+                "the loop thread was runnable more than it ran: it waited for a CPU or the GIL "
+                "(other processes or threads), so more workers need free cores"
+            )
+        evidence.append(
+            f"each request ran {ms(per_request)} of CPU on it in short slices (no stage's longest "
+            f"slice reached {ms(self.cpu_rule.min_slice_ms)}): {', '.join(parts)}; plus "
+            f"{ms(load.per_request(load.untraced_cpu_ms))} per request that no request owns (server "
+            f"I/O and tasks of no request {ms(load.per_request(load.background_cpu_ms))}, GC "
+            f"{ms(load.per_request(load.gc_cpu_ms))}, tracekit {ms(load.per_request(load.tracekit_cpu_ms))})"
+        )
+        evidence.append(
+            f"{victim}'s requests waited {ms(sum(waits) / max(1, len(waits)))} each for the loop "
+            f"(p95 {ms(percentile(waits, 0.95))})"
+        )
+        if folded:
+            evidence.append(f"{', '.join(folded)}: see cpu-on-loop")
         title, code = loop_fixes.more_workers(workers, now, rho, rho_after)
         if projection is not None:
             code += (
@@ -181,13 +192,15 @@ class LoopSaturated:
         lines = self._candidates(load, ranked, flagged, cpu, uses, total, rho, victim, requests, ctx)
         if lines:
             title += "; or take CPU off the loop: " + ", ".join(name for name, _ in lines)
-            code += "\n# or less CPU per request on the loop, by stage:\n" + "".join(text for _, text in lines)
+            code += "\n# or less CPU per request on the loop, by stage:\n" + "".join(
+                text for _, text in lines
+            )
         impact = sum(waits) / max(1, len(waits))
         if projection is not None:
             impact = max(impact, projection["p50_ms"][0] - projection["p50_ms"][1])
         return Finding(
             rule=self.id, route=victim, stage=None, function=None,
-            severity=severity_for(impact, p50), impact_ms=impact, evidence=evidence,
+            severity=severity_for(impact, p50), impact_ms=impact, evidence="; ".join(evidence),
             fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip
@@ -228,17 +241,18 @@ class LoopSaturated:
             if ctx.project is not None:
                 projection, _ = ctx.project(requests, replace(model, report_route=victim))
             if projection is None:
-                removed = cpu[(route, name)] * _removed_share(model) / load.wall_ms if load.wall_ms > 0 else 0.0
+                removed = cpu[(route, name)] * _removed_share(model) / max(load.wall_ms, 1e-9)
                 projection = queueing_projection(requests, victim, utilisation_factor(rho, rho - removed))
                 how = "queueing model"
             gain = ""
             if projection is not None:
-                gain = f": {victim} p50 {projection['p50_ms'][0]:.0f} -> {projection['p50_ms'][1]:.0f} ms ({how})"
+                before, after = projection["p50_ms"]
+                gain = f": {victim} p50 {before:.0f} -> {after:.0f} ms ({how})"
+            share = cpu[(route, name)] / total
             text = (
-                f"# {name_of(name)} ({route}): {ms(cpu[(route, name)] / n)} per request, "
-                f"{cpu[(route, name)] / total:.0%} of the requests' loop CPU -> {' '.join(fix_title.split())}{gain}\n"
-                + "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
-            )  # fmt: skip
+                f"# {name_of(name)} ({route}): {ms(cpu[(route, name)] / n)} per request, {share:.0%} of "
+                f"the requests' loop CPU -> {' '.join(fix_title.split())}{gain}\n"
+            ) + "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
             lines.append((name_of(name), text))
         return lines
 

@@ -187,8 +187,10 @@ class LoopStats:
 
     def _pause(self, ms: float, generation: int | None) -> None:
         # The longest pause; on a tie the older generation (a deterministic choice).
-        if self.gc_max_ms is None or ms > self.gc_max_ms or (
-            ms == self.gc_max_ms and (generation or 0) > (self.gc_max_generation or 0)
+        if (
+            self.gc_max_ms is None
+            or ms > self.gc_max_ms
+            or (ms == self.gc_max_ms and (generation or 0) > (self.gc_max_generation or 0))
         ):
             self.gc_max_ms = ms
             self.gc_max_generation = generation
@@ -354,7 +356,9 @@ class LoopWindows:
         return {
             "windows": len(self),
             "loops": [
-                s.to_dict(processes([w for w in kept if (w.service, w.thread) == (s.service, s.thread)]) or None)
+                s.to_dict(
+                    processes([w for w in kept if (w.service, w.thread) == (s.service, s.thread)]) or None
+                )
                 for s in loops
             ],
             "routes": routes,
