@@ -6,7 +6,9 @@ range of a file). It takes spans in batches, counts them and their services, ass
 into requests (:class:`~tracekit.analysis.assembly.grouping.Window`) and adds each request to the
 :class:`~tracekit.analysis.stats.aggregate.Aggregator`; when one route is asked for, the requests
 of the other routes go to the sample only (the replay needs them all: every route shares the
-event loop).
+event loop). A trace that makes no request goes to the aggregator's loop view
+(:class:`~tracekit.analysis.stats.loop_windows.LoopWindows`), which keeps the ``tracekit.loop``
+windows among it; it travels with the aggregator, so the parallel reader merges it too.
 
 Batches rather than spans one by one: reading and assembling in runs of a few thousand spans
 each is faster than alternating span by span (their working sets stop evicting each other
