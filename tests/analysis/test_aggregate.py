@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.analysis.factories import request, stage
+from tracekit import semconv
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.slo import parse_slo
 from tracekit.analysis.stats.aggregate import OTHER_ROUTES, OTHER_STAGES, Aggregator, breakdown, sample_key
@@ -75,9 +76,14 @@ def test_breakdown_splits_cpu_by_thread_and_waits_by_kind() -> None:
         ],
         cpu_ms=15.0,  # 13 in stages, 2 of the request's own code
     )
-    assert breakdown(req) == (11.0, 4.0, 58.0, 16.0, 3.0)
+    assert breakdown(req) == (11.0, 4.0, 58.0, 16.0, 3.0, 0.0, 0.0)
     req.model_wait_ms, req.io_wait_ms, req.loop_wait_ms = 50.0, 10.0, 5.0
-    assert breakdown(req) == (11.0, 4.0, 50.0, 10.0, 5.0)
+    assert breakdown(req) == (11.0, 4.0, 50.0, 10.0, 5.0, 0.0, 0.0)
+    # GC pauses and queue waits come from the request span (written only when not zero).
+    req.attributes = {semconv.GC_MS: 7.5, semconv.QUEUE_WAIT_MS: 12}
+    assert breakdown(req) == (11.0, 4.0, 50.0, 10.0, 5.0, 7.5, 12.0)
+    req.attributes = {semconv.GC_MS: "bad", semconv.QUEUE_WAIT_MS: -3.0}
+    assert breakdown(req)[5:] == (0.0, 0.0)
     assert breakdown(request(ROUTE, 0, 1, instrumented=False)) is None
 
 

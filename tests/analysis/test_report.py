@@ -18,7 +18,7 @@ from tracekit.errors import ConfigurationError
 
 TOP_KEYS = {
     "schema", "source", "requests", "spans", "services", "instrumented", "slo", "validation",
-    "routes", "findings", "slowest", "timeline",
+    "routes", "findings", "slowest", "timeline", "loop",
 }  # fmt: skip
 ROUTE_KEYS = {
     "route", "requests", "errors", "throughput_rps", "latency_ms", "breakdown_ms", "streaming",
@@ -51,7 +51,7 @@ def check_schema(d: dict[str, Any]) -> None:
         assert set(route) == ROUTE_KEYS
         assert set(route["latency_ms"]) == {"p50", "p90", "p95", "p99", "max"}
         assert set(route["breakdown_ms"]) == {
-            "cpu_on_loop", "cpu_off_loop", "model_wait", "io_wait", "loop_wait",
+            "cpu_on_loop", "cpu_off_loop", "model_wait", "io_wait", "loop_wait", "gc", "queue_wait",
         }  # fmt: skip
         for row in route["stages"]:
             assert set(row) == STAGE_KEYS

@@ -259,6 +259,9 @@ def test_default_rules_have_one_instance_per_rule_id() -> None:
         "sequential-independent",
         "serialized-model-calls",
         "stream-stall",
+        "loop-saturated",
+        "gc-pauses",
+        "background-on-loop",
     ]
 
 

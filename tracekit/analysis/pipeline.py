@@ -6,7 +6,9 @@ range of a file). It takes spans in batches, counts them and their services, ass
 into requests (:class:`~tracekit.analysis.assembly.grouping.Window`) and adds each request to the
 :class:`~tracekit.analysis.stats.aggregate.Aggregator`; when one route is asked for, the requests
 of the other routes go to the sample only (the replay needs them all: every route shares the
-event loop).
+event loop). A trace that makes no request goes to the aggregator's loop view
+(:class:`~tracekit.analysis.stats.loop_windows.LoopWindows`), which keeps the ``tracekit.loop``
+windows among it; it travels with the aggregator, so the parallel reader merges it too.
 
 Batches rather than spans one by one: reading and assembling in runs of a few thousand spans
 each is faster than alternating span by span (their working sets stop evicting each other
@@ -27,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tracekit.analysis.assembly.grouping import Group, Window
-from tracekit.analysis.assembly.request_records import route_matches
+from tracekit.analysis.assembly.request_records import requests_of_trace, route_matches
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.readers.packing import pack, unpack
 from tracekit.analysis.slo import SLO
@@ -90,7 +92,7 @@ class Pipeline:
         self.aggregator = Aggregator(
             slo=settings.slo, sample_size=settings.sample_size, pack_sample=pack_sample
         )
-        self.window = Window(settings.max_open_traces, settings.flush_after)
+        self.window = Window(settings.max_open_traces, settings.flush_after, self._build)
         self.spans = 0
         self.services: dict[str, None] = {}
         self.matched: dict[str, None] = {}
@@ -101,7 +103,15 @@ class Pipeline:
         self._head: set[str] = set()
         self._set_aside: list[tuple[int, Span]] = []
         self._set_aside_packed: list[bytes] = []
-        self._later = Window(settings.max_open_traces, settings.flush_after)
+        self._later = Window(settings.max_open_traces, settings.flush_after, self._build)
+
+    def _build(self, spans: list[Span], *, late: bool = False) -> list[RequestRecord]:
+        # Assembly's builder: a trace that makes no request may be event-loop windows,
+        # which the aggregator's loop view counts (they travel with it to the parent).
+        requests = requests_of_trace(spans, late=late)
+        if not requests and not late:
+            self.aggregator.loops.offer(spans)
+        return requests
 
     def add(self, batch: list[Span]) -> None:
         """Count, assemble and aggregate a batch of spans (in input order)."""

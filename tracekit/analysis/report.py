@@ -3,10 +3,11 @@
 :func:`build_report` turns an :class:`~tracekit.analysis.stats.aggregate.Aggregator` into a
 :class:`Report`: the route statistics, the findings of the rules run on the request sample,
 the replay model's self-check (``validation``), the slowest request as a waterfall
-(``slowest``) and an event-loop ``timeline`` of at most :data:`TIMELINE_REQUESTS` requests
-around the longest loop slice of the sample. ``Report.to_dict()`` is the stable JSON schema
-(``docs/analyzer.md``); ``Report.from_dict`` reads it back, filling keys that older files
-lack with defaults.
+(``slowest``), an event-loop ``timeline`` of at most :data:`TIMELINE_REQUESTS` requests
+around the longest loop slice of the sample, and the ``loop`` view: per event loop, what it
+ran per window (:mod:`tracekit.analysis.stats.loop_windows`), and each route's share of it.
+``Report.to_dict()`` is the stable JSON schema (``docs/analyzer.md``); ``Report.from_dict``
+reads it back, filling keys that older files lack with defaults.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Report:
         findings: the rules' findings, most severe first.
         slowest: the slowest request as a waterfall, or ``None`` when there are no requests.
         timeline: the event-loop timeline, or ``None`` for uninstrumented traces.
+        loop: the loop view (``tracekit.loop`` windows), or ``None`` when the traces have none.
         sample: the requests the rules and the replay saw (not serialised).
         warnings: what the reader skipped or cut, one line each (not serialised; the CLI
             prints them on stderr).
@@ -63,6 +65,7 @@ class Report:
     findings: list[Finding]
     slowest: dict[str, Any] | None
     timeline: dict[str, Any] | None
+    loop: dict[str, Any] | None = None
     sample: list[RequestRecord] = field(default_factory=list, repr=False)
     warnings: list[str] = field(default_factory=list)
 
@@ -81,6 +84,7 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "slowest": self.slowest,
             "timeline": self.timeline,
+            "loop": self.loop,
         }
 
     def to_json(self, *, indent: bool = True) -> str:
@@ -138,6 +142,7 @@ class Report:
             findings=[Finding.from_dict(f) for f in data.get("findings", [])],
             slowest=data.get("slowest"),
             timeline=data.get("timeline"),
+            loop=data.get("loop") if isinstance(data.get("loop"), Mapping) else None,
         )
 
 
@@ -182,6 +187,7 @@ def build_report(
         findings=findings,
         slowest=waterfall(agg.slowest) if agg.slowest is not None else None,
         timeline=timeline(sample) if agg.instrumented else None,
+        loop=agg.loops.to_dict(_route_loop_cpu(agg, route_dicts, sample)),
         sample=sample,
     )
 
@@ -195,10 +201,35 @@ def _rules_and_validation(
     single = only[0] if only is not None and len(only) == 1 else None
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
     replayer = Replayer()
-    ctx = RuleContext(route=single, routes=route_dicts, slo=agg.slo, project=replayer.project)
+    ctx = RuleContext(
+        route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops
+    )
     validation: dict[str, Any] = replayer.validate(sample).to_dict()
     found = [f for f in run_rules(sample, ctx) if only is None or f.route in only]
     return found, validation
+
+
+def _route_loop_cpu(
+    agg: Aggregator, route_dicts: list[dict[str, Any]], sample: list[RequestRecord]
+) -> list[tuple[str, str, float]]:
+    # (route, service, total on-loop request CPU in ms) of each instrumented route: the mean
+    # breakdown times the instrumented requests; the service is the one most of the route's
+    # sampled requests ran in (routes are not kept per service).
+    if not agg.loops.loops:
+        return []
+    services: dict[str, dict[str, int]] = {}
+    for req in sample:
+        count = services.setdefault(req.route, {})
+        count[req.service] = count.get(req.service, 0) + 1
+    out = []
+    for stats, route in zip(agg.route_stats, route_dicts, strict=True):
+        cpu = (route.get("breakdown_ms") or {}).get("cpu_on_loop")
+        seen = services.get(stats.route)
+        if cpu is None or not seen or not stats.instrumented:
+            continue
+        service = max(sorted(seen), key=lambda s: seen[s])
+        out.append((stats.route, service, cpu * stats.instrumented))
+    return out
 
 
 def waterfall(req: RequestRecord) -> dict[str, Any]:

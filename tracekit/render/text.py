@@ -187,6 +187,7 @@ class _Renderer:
         self._header(d)
         for route in d.get("routes") or []:
             self._route(route)
+        self._loop(d.get("loop"))
         self._findings(d.get("findings") or [], bool(d.get("requests")))
         return "\n".join(line.rstrip() for line in self.lines) + "\n"
 
@@ -330,6 +331,52 @@ class _Renderer:
                     f"      {self.p.dim}{self._cut(' '.join(where), self.width - 6)}{self.p.reset}"
                 )
 
+    def _loop(self, loop: Any) -> None:
+        # The loop view: per event loop, busy share, its CPU split, GC and lag; each route's
+        # share of its loop's CPU. Absent (null) for traces without tracekit.loop windows.
+        if not isinstance(loop, Mapping):
+            return
+        p, g = self.p, self.g
+        for one in loop.get("loops") or []:
+            if not isinstance(one, Mapping):
+                continue
+            self._add()
+            n = _int(one.get("processes")) or 1
+            self._wrap(
+                f"{p.bold}event loop {one.get('service') or '?'}/{one.get('thread')}{p.reset} "
+                f"{g.dot} {_count(_int(one.get('windows')), 'window')} "
+                f"({_int(one.get('window_s')):,} s) {g.dot} {_count(n, 'process')}", 0)
+            busy = one.get("busy") or {}
+            self._wrap("busy          " + "  ".join(
+                f"{k} {_pct0(busy.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
+            cpu = one.get("cpu_ms") or {}
+            share = one.get("cpu_share") or {}
+            parts = f" {g.dot} ".join(f"{k} {_pct0(share.get(k))}" for k in
+                                      ("requests", "gc", "tracekit", "background"))
+            self._wrap(f"loop CPU      {fmt_ms(cpu.get('total'))} ms: {parts}", 2, hang=14)
+            gc = one.get("gc") or {}
+            counts = [_int(c) for c in gc.get("counts") or []]
+            longest = ""
+            if _is_number(gc.get("max_ms")):
+                longest = (f", longest {fmt_ms(gc.get('max_ms'))} ms (generation "
+                           f"{_int(gc.get('max_generation'))})")
+            self._wrap(
+                f"GC            {_count(sum(counts), 'collection')} "
+                f"({'/'.join(map(str, counts))} by generation), {fmt_ms(gc.get('pause_ms'))} ms "
+                f"paused ({_pct(gc.get('share'))}){longest}", 2, hang=14)
+            lag = one.get("lag_ms")
+            if isinstance(lag, Mapping):
+                self._wrap("lag ms        " + "  ".join(
+                    f"{k} {fmt_ms(lag.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
+            tasks, inflight = (one.get(k) for k in ("tasks_max", "inflight_max"))
+            self._wrap(f"most tasks {_int(tasks) if _is_number(tasks) else '-'} {g.dot} most in "
+                       f"flight {_int(inflight) if _is_number(inflight) else '-'}", 2)  # fmt: skip
+            for route in loop.get("routes") or []:
+                if isinstance(route, Mapping) and route.get("service") == one.get("service"):
+                    self._wrap(f"{self._cut(str(route.get('route')), self.width // 2)}: "
+                               f"{_pct0(route.get('loop_cpu_share'))} of the loop's CPU "
+                               f"({fmt_ms(route.get('cpu_on_loop_ms'))} ms)", 2, hang=4)
+
     def _findings(self, findings: list[Mapping[str, Any]], any_requests: bool) -> None:
         p = self.p
         self._add()
@@ -440,3 +487,7 @@ def _rps(value: Any) -> str:
 
 def _pct(value: Any) -> str:
     return "-" if not _is_number(value) else f"{100 * value:.1f}%"
+
+
+def _pct0(value: Any) -> str:
+    return "-" if not _is_number(value) else f"{100 * value:.0f}%"

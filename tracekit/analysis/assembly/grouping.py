@@ -40,7 +40,7 @@ from tracekit.analysis.assembly.request_records import (
     DECODED_KEYS,
     compact,
     decode_pairs,
-    is_loop_window,
+    loop_trace,
     request_record,
     requests_of_trace,
     route_of,
@@ -215,8 +215,7 @@ class Window:
         self.flushed[trace_id] = at
         self._expiry.append((at, trace_id))
         requests = self.build(group.spans, late=group.late)
-        if not requests and not group.late and group.spans and not all(
-                is_loop_window(s) for s in group.spans):  # fmt: skip
+        if not requests and not group.late and group.spans and not loop_trace(group.spans):
             self.orphan_traces += 1
             self.orphan_spans += len(group.spans)
         return iter(requests)

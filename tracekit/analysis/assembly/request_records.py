@@ -11,6 +11,7 @@ are read inline and only unusual ones go through the helpers.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
@@ -93,7 +94,8 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
                 siblings.append(span)
     heads = [s for s in by_id.values() if s.kind == "server"]
     if not heads and not late:
-        if all(is_loop_window(s) for s in by_id.values()):  # not a request
+        # A loop window (tracekit.loop) is not a request (the pipeline counts it apart).
+        if loop_trace(by_id.values()):
             return []
         if roots and all(_orphan_stage(root, by_id) for root in roots):
             # tracekit stages under a span the input lacks: their request span went to
@@ -106,9 +108,9 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
     return [_request(head, children) for head in heads]
 
 
-def is_loop_window(span: Span) -> bool:
-    """Whether ``span`` is a loop window (``tracekit.loop``, a trace of its own)."""
-    return span.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in span.attributes
+def loop_trace(spans: Iterable[Span]) -> bool:
+    """Whether every span of a trace is an event-loop window (``tracekit.loop``), not a request."""
+    return all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in spans)
 
 
 def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:

@@ -14,9 +14,12 @@ from typing import Protocol
 
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Replayer
+from tracekit.analysis.rules.background_on_loop import BackgroundOnLoop
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
 from tracekit.analysis.rules.findings import Finding, RuleContext, finding_order
+from tracekit.analysis.rules.gc_pauses import GcPauses
+from tracekit.analysis.rules.loop_saturated import LoopSaturated
 from tracekit.analysis.rules.sequential_independent import SequentialIndependent
 from tracekit.analysis.rules.serialized_model_calls import SerializedModelCalls
 from tracekit.analysis.rules.stream_stall import StreamStall
@@ -39,6 +42,9 @@ DEFAULT_RULES: list[Rule] = [
     SequentialIndependent(),
     SerializedModelCalls(),
     StreamStall(),
+    LoopSaturated(),
+    GcPauses(),
+    BackgroundOnLoop(),
 ]
 
 
@@ -66,8 +72,11 @@ def run_rules(
 
 __all__ = [
     "DEFAULT_RULES",
+    "BackgroundOnLoop",
     "BlockingCallOnLoop",
     "CpuOnLoop",
+    "GcPauses",
+    "LoopSaturated",
     "Rule",
     "RuleContext",
     "SequentialIndependent",

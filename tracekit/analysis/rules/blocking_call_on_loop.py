@@ -51,6 +51,15 @@ class BlockingCallOnLoop(LoopUsageRule):
         self.off_cpu_share = off_cpu_share
         self.min_requests = min_requests
 
+    def fires(self, uses: list[Usage]) -> bool:
+        """Whether the stage's off-CPU hold passes this rule's gates. GC pauses inside its
+        steps are not off-CPU time of its own (:attr:`Usage.off_cpu_ms` leaves them out)."""
+        off = [u.off_cpu_ms for u in uses]
+        held = sum(u.held_ms - u.gc_ms for u in uses)
+        if percentile(off, 0.95) < self.min_block_ms or held <= 0:
+            return False
+        return sum(off) / held >= self.off_cpu_share
+
     def _check(
         self,
         route: str,
@@ -62,11 +71,7 @@ class BlockingCallOnLoop(LoopUsageRule):
         requests: Sequence[RequestRecord],
         ctx: RuleContext,
     ) -> Finding | None:
-        off = [u.off_cpu_ms for u in uses]
-        held = sum(u.held_ms for u in uses)
-        if percentile(off, 0.95) < self.min_block_ms or held <= 0:
-            return None
-        if sum(off) / held < self.off_cpu_share:
+        if not self.fires(uses):
             return None
         blocked_at = next((u.blocked_at for u in uses if u.blocked_at), None)
         function = function_or(next((u for u in uses if u.stage is not None), None))

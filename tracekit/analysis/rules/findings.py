@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # types only: the renderers import the severities without the
 
     from tracekit.analysis.model import RequestRecord
     from tracekit.analysis.replay import Fix
+    from tracekit.analysis.stats.loop_windows import LoopWindows
 
     #: ``project(requests, fix) -> (projection dict | None, note | None)``.
     ProjectFn = Callable[
@@ -116,6 +117,9 @@ class RuleContext:
             rules, which compute what they need from the sample).
         slo: the SLO targets, if any (informational).
         cache: per-sample memo shared by the rules (e.g. the event-loop index).
+        loops: the event loops' windows
+            (:class:`~tracekit.analysis.stats.loop_windows.LoopWindows`) when the traces had
+            ``tracekit.loop`` spans; the loop rules need them, the others ignore them.
     """
 
     route: str | None = None
@@ -123,6 +127,7 @@ class RuleContext:
     routes: list[dict[str, Any]] | None = None
     slo: Any = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    loops: LoopWindows | None = None
 
 
 @dataclass

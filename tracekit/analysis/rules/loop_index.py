@@ -14,7 +14,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from tracekit import semconv
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.stats.intervals import Interval, StageTree
@@ -35,6 +37,8 @@ class Usage:
         max_slice_ms: its longest own recorded slice.
         blocked_at: where the watchdog caught it blocking, if it did.
         stage: its first span (for the function name).
+        gc_ms: garbage-collection pauses inside its steps (``tracekit.gc_ms``): they hold
+            the loop but are neither its CPU nor a blocking call of its own.
     """
 
     cpu_ms: float = 0.0
@@ -43,11 +47,19 @@ class Usage:
     max_slice_ms: float = 0.0
     blocked_at: str | None = None
     stage: StageRecord | None = None
+    gc_ms: float = 0.0
 
     @property
     def off_cpu_ms(self) -> float:
-        """Time it held the loop without running on the CPU."""
-        return max(0.0, self.held_ms - self.cpu_ms)
+        """Time it held the loop without running on the CPU, GC pauses left out (the
+        collector's, not the stage's: ``gc-pauses`` reports them)."""
+        return max(0.0, self.held_ms - self.cpu_ms - self.gc_ms)
+
+    @property
+    def slice_ms(self) -> float:
+        """Its longest slice without the GC pauses inside its steps (a lower bound when
+        they fell in other steps): the slice the stage's own code held the loop."""
+        return max(0.0, (self.max_block_ms or self.cpu_ms) - self.gc_ms)
 
 
 def loop_usage(req: RequestRecord, tree: StageTree | None = None) -> dict[str | None, Usage]:
@@ -69,24 +81,36 @@ def _usage(
 ) -> dict[str | None, Usage]:
     """:func:`loop_usage` from the request's own slices and each stage's (``pieces``)."""
     out: dict[str | None, Usage] = {}
-    stage_cpu = 0.0
+    stage_cpu = stage_gc = 0.0
     for stage, stage_pieces in zip(req.stages, pieces, strict=True):
         cpu = stage.cpu_ms
         if cpu is None:
             continue
         stage_cpu += cpu
+        gc = gc_ms(stage.attributes)
+        stage_gc += gc
         if stage.on_loop is False:
             continue
         usage = out.get(stage.name)
         if usage is None:
             usage = out[stage.name] = Usage(stage=stage)
         _add(usage, cpu, stage_pieces, stage.max_block_ms, stage.blocked_at)
+        usage.gc_ms += gc
     if req.cpu_ms is not None:
         usage = out.get(OWN)
         if usage is None:
             usage = out[OWN] = Usage()
         _add(usage, max(0.0, req.cpu_ms - stage_cpu), own, None, req.blocked_at)
+        usage.gc_ms += max(0.0, gc_ms(req.attributes) - stage_gc)
     return out
+
+
+def gc_ms(attributes: dict[str, Any]) -> float:
+    """``tracekit.gc_ms`` of a span's (kept) attributes: 0 when absent or malformed."""
+    value = attributes.get(semconv.GC_MS)
+    if (type(value) is float or type(value) is int) and 0 <= value < float("inf"):
+        return float(value)
+    return 0.0
 
 
 def _add(

@@ -33,6 +33,7 @@ from tracekit.analysis.assembly.request_records import compact, reshare
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.readers.packing import pack, unpack
 from tracekit.analysis.slo import SLO
+from tracekit.analysis.stats.loop_windows import LoopWindows
 from tracekit.analysis.stats.route_stats import (
     BREAKDOWN_KEYS,
     OTHER_ROUTES,
@@ -94,6 +95,8 @@ class Aggregator:
         # A heap whose top is the latest kept request (see _entry), so that the earliest
         # requests are kept whatever the order they come in.
         self._sample: list[_Entry] = []
+        #: The event loops' windows (``tracekit.loop`` spans), fed by the pipeline.
+        self.loops = LoopWindows()
 
     def add(self, req: RequestRecord, *, counted: bool = True) -> None:
         """Record one request.
@@ -165,6 +168,7 @@ class Aggregator:
             if mine is None:
                 mine = self._routes[name] = RouteStats(name, self.max_stages)
             mine.merge(stats)
+        self.loops.merge(other.loops)
         if sample:
             self.adopt_sample([entry[4] for entry in other._sample])
 

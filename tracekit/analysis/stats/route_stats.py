@@ -20,21 +20,23 @@ from tracekit.analysis.stats.quantiles import Quantiles
 
 OTHER_ROUTES = "(other routes)"
 OTHER_STAGES = "(other stages)"
-BREAKDOWN_KEYS = ("cpu_on_loop", "cpu_off_loop", "model_wait", "io_wait", "loop_wait")
+# gc and queue_wait (issue 13): the request span's tracekit.gc_ms and tracekit.queue_wait_ms,
+# which the recorder writes only when not zero (absent: 0).
+BREAKDOWN_KEYS = ("cpu_on_loop", "cpu_off_loop", "model_wait", "io_wait", "loop_wait", "gc", "queue_wait")
 LATENCY_KEYS = ("p50", "p90", "p95", "p99", "max")
 STREAM_KEYS = ("p50", "p90", "p95", "p99")
 STAGE_KEYS = ("p50", "p95")
 
 
-def breakdown(req: RequestRecord) -> tuple[float, float, float, float, float] | None:
+def breakdown(req: RequestRecord) -> tuple[float, float, float, float, float, float, float] | None:
     """The DESIGN §4 breakdown of one request (see the module docstring).
 
     Args:
         req: an assembled request.
 
     Returns:
-        ``(cpu_on_loop, cpu_off_loop, model_wait, io_wait, loop_wait)`` in ms, or ``None``
-        for an uninstrumented request.
+        ``(cpu_on_loop, cpu_off_loop, model_wait, io_wait, loop_wait, gc, queue_wait)`` in
+        ms, or ``None`` for an uninstrumented request.
     """
     if not req.instrumented:
         return None
@@ -43,7 +45,7 @@ def breakdown(req: RequestRecord) -> tuple[float, float, float, float, float] | 
 
 def _breakdown(
     req: RequestRecord, rows: list[tuple[Any, ...]]
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, float, float, float, float, float, float]:
     # rows: _STAGE_ROW of each of req.stages, in order (RouteStats.add has them already).
     on = off = stage_cpu = model = io = loop = 0.0
     for stage, row in zip(req.stages, rows, strict=True):
@@ -70,7 +72,17 @@ def _breakdown(
         model if req.model_wait_ms is None else req.model_wait_ms,
         io if req.io_wait_ms is None else req.io_wait_ms,
         loop if req.loop_wait_ms is None else req.loop_wait_ms,
+        _attribute_ms(req, semconv.GC_MS),
+        _attribute_ms(req, semconv.QUEUE_WAIT_MS),
     )
+
+
+def _attribute_ms(req: RequestRecord, key: str) -> float:
+    # A request-span duration not decoded into a record field: 0 when absent or malformed.
+    value = req.attributes.get(key)
+    if (type(value) is float or type(value) is int) and 0 <= value < _FIXED_LIMIT:
+        return float(value)
+    return 0.0
 
 
 #: Rows (one per stage instance or request) buffered before they are folded in one C pass.

@@ -25,6 +25,7 @@ from typing import Any
 from tracekit.errors import ConfigurationError
 from tracekit.render.html.assets import CSS, JS_ERROR_HOOK, JS_INTERACTIVE
 from tracekit.render.html.charts import hatch_defs
+from tracekit.render.html.loop import loop_section
 from tracekit.render.html.sections import (
     findings_section,
     header,
@@ -81,6 +82,7 @@ def render_html(report: Any) -> str:
         routes_section(routes),
         stages_section(routes),
         streaming_section(routes, data.get("slo")),
+        loop_section(data.get("loop")),
         slowest_section(data.get("slowest")),
         '<section id="timeline"><h2>Event-loop timeline</h2><p class="note">Which request\'s '
         "which stage held the event loop, when, and who was ready but waiting for it.</p>",

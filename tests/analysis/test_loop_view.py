@@ -1,0 +1,324 @@
+"""The loop view (``tracekit.loop`` windows) in the report, and the loop rules on synthetic
+spans: ``loop-saturated``, ``gc-pauses``, ``background-on-loop``; GC pauses blamed on no stage.
+
+The spans are built as the recorder exports them (``tests/analysis/loop_factories.py``) and go
+through the whole pipeline (``analyze_spans``); every figure checked is recomputed here from
+what was fed. Real spans from a served gateway: ``test_loop_view_real.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.analysis.factories import request, stage
+from tests.analysis.loop_factories import loop_span, request_spans
+from tests.helpers import gen_traces
+from tracekit import semconv
+from tracekit._percentile import percentile
+from tracekit.analysis.api import analyze_spans
+from tracekit.analysis.model import RequestRecord, Span
+from tracekit.analysis.pipeline import Pipeline, Settings
+from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, Rule, run_rules
+from tracekit.analysis.rules.findings import RuleContext
+from tracekit.analysis.rules.loop_load import utilisation_factor
+from tracekit.analysis.rules.loop_saturated import TARGET_BUSY
+from tracekit.analysis.stats.loop_windows import LoopWindows
+
+ROUTE = "POST /v1/chat"
+
+
+def _windows(n: int, **kw: object) -> list[Span]:
+    return [loop_span(i * 1000.0, **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def _traffic(seconds: int, rps: int, stages: list[tuple[str, float, float]], **kw: object) -> list[Span]:
+    # Requests at a steady rate, each 50 ms long, loop waits growing with i (known spread).
+    spans: list[Span] = []
+    # One request in four carries a GC pause ``gc`` (its latency includes it).
+    extra, wait, gc = (float(kw.get(k, 0.0)) for k in ("extra", "loop_wait", "gc"))  # type: ignore[arg-type]
+    for i in range(seconds * rps):
+        pause = gc if i % 4 == 0 else 0.0
+        spans += request_spans(i * 1000.0 / rps, 50.0 + extra * (i % 5) + pause, stages,
+                               loop_wait=wait * (i % 5), gc_ms=pause)  # fmt: skip
+    return spans
+
+
+# --- the report's loop section --------------------------------------------------------------
+def test_the_loop_section_is_what_the_windows_say() -> None:
+    windows = [
+        loop_span(0, requests=300, gc_cpu=20, tracekit_cpu=10, background=70, gc_ms=25,
+                  gc_counts=(30, 3, 0), gc_max=(4.0, 1), lag=(0.5, 2.0, 6.0), probes=100,
+                  inflight=4, tasks=40),
+        loop_span(1000, requests=500, gc_cpu=60, tracekit_cpu=10, background=30, gc_ms=70,
+                  gc_counts=(50, 5, 1), gc_max=(41.0, 2), lag=(1.5, 9.0, 30.0), probes=100,
+                  inflight=9, tasks=55),
+        loop_span(2000, requests=100, background=20, lag=(0.2, 1.0, 2.0), probes=90, inflight=1),
+    ]  # fmt: skip
+    reqs = _traffic(3, 20, [("tokenize", 2.0, 0.0), ("guardrail", 3.0, 0.0)])
+    report = analyze_spans([*windows, *reqs])
+    assert report.requests == 60 and not report.warnings  # windows are neither requests nor orphans
+    loop = report.to_dict()["loop"]
+    assert loop["windows"] == 3
+    (one,) = loop["loops"]
+    assert (one["service"], one["thread"], one["processes"], one["windows"]) == (
+        "gateway",
+        "MainThread",
+        1,
+        3,
+    )
+    busy = [0.4, 0.6, 0.12]
+    assert one["busy"]["p50"] == pytest.approx(percentile(busy, 0.5))
+    assert one["busy"]["max"] == pytest.approx(0.6)
+    assert one["busy_mean"] == pytest.approx(1120 / 3000)
+    assert one["cpu_ms"] == pytest.approx(
+        {"total": 1120, "requests": 900, "gc": 80, "tracekit": 20, "background": 120}
+    )
+    assert one["cpu_share"]["requests"] == pytest.approx(900 / 1120)
+    assert one["cpu_share"]["background"] == pytest.approx(120 / 1120)
+    gc = dict(one["gc"])
+    assert gc.pop("counts") == [80, 8, 1]
+    assert gc == pytest.approx({"pause_ms": 95, "share": 95 / 3000, "max_ms": 41.0, "max_generation": 2})
+    # Lag over windows: median of the p50s, p95 of the p95s, the largest max.
+    assert one["lag_ms"] == pytest.approx({"p50": 0.5, "p95": percentile([2.0, 9.0, 1.0], 0.95), "max": 30.0})
+    assert (one["probes"], one["tasks_max"], one["inflight_max"]) == (290, 55, 9)
+    (route,) = loop["routes"]
+    assert route["route"] == ROUTE and route["cpu_on_loop_ms"] == pytest.approx(60 * 5.0)
+    assert route["loop_cpu_share"] == pytest.approx(300 / 1120)
+    text = report.to_text(width=100, color=False)
+    assert "event loop gateway/MainThread" in text and "p50 40%  p95 58%  max 60%" in text
+    assert "POST /v1/chat: 27% of the loop's CPU" in text
+    html = report.to_html()
+    assert "Event loop" in html and "MainThread" in html
+
+
+def test_without_loop_windows_the_section_is_null_and_breakdown_has_gc_and_queue_wait() -> None:
+    spans = request_spans(0, 80.0, [("tokenize", 2.0, 0.0)], gc_ms=6.0, queue_wait=9.0)
+    spans += request_spans(100, 80.0, [("tokenize", 2.0, 0.0)])
+    d = analyze_spans(spans).to_dict()
+    assert d["loop"] is None
+    breakdown = d["routes"][0]["breakdown_ms"]
+    assert breakdown["gc"] == pytest.approx(3.0) and breakdown["queue_wait"] == pytest.approx(4.5)
+
+
+def test_worker_processes_sharing_a_thread_name_are_counted() -> None:
+    # Two processes' windows of the same key overlap: two loops at once.
+    windows = _windows(3, requests=200) + [loop_span(i * 1000.0 + 500, requests=100) for i in range(3)]
+    d = analyze_spans([*windows, *_traffic(3, 5, [("tokenize", 1.0, 0.0)])]).to_dict()
+    (one,) = d["loop"]["loops"]
+    assert one["processes"] == 2 and one["windows"] == 6
+
+
+def test_loop_windows_merge_exactly_as_the_parallel_reader_merges_them() -> None:
+    # Each byte range's pipeline has its own aggregator (pickled to the parent, merged there):
+    # the merged loop view is the one a single pass gives, whatever the split.
+    spans = [*_windows(6, requests=300, background=50, gc_ms=3, gc_counts=(5, 1, 0),
+                       gc_max=(2.5, 0), lag=(1.0, 3.0, 7.0), probes=100, tasks=20),
+             *_traffic(6, 4, [("tokenize", 2.0, 0.0)])]  # fmt: skip
+    one = Pipeline(Settings())
+    one.add(spans)
+    one.finish()
+    halves = [Pipeline(Settings()), Pipeline(Settings())]
+    for part, pipeline in zip((spans[::2], spans[1::2]), halves, strict=True):
+        pipeline.add(part)
+        pipeline.finish()
+    merged = pickle.loads(pickle.dumps(halves[0].aggregator))
+    merged.merge(pickle.loads(pickle.dumps(halves[1].aggregator)))
+    assert merged.loops.to_dict() == one.aggregator.loops.to_dict()
+    assert [w.key for w in merged.loops.windows()] == [w.key for w in one.aggregator.loops.windows()]
+
+
+def test_kept_windows_are_the_earliest_whatever_the_order() -> None:
+    loops = LoopWindows(max_kept=3)
+    spans = _windows(6, requests=100)
+    for span in reversed(spans):
+        loops.offer([span])
+    assert [w.start_ns for w in loops.windows()] == [s.start_ns for s in spans[:3]]
+    assert len(loops) == 6  # the statistics count every window
+
+
+def test_malformed_window_attributes_never_raise() -> None:
+    span = loop_span(0, requests=10)
+    span.attributes.update({semconv.LOOP_CPU_MS: "nan", semconv.LOOP_GC_COUNTS: "[1, x",
+                            semconv.LOOP_GC_MAX_GENERATION: 7, semconv.LOOP_LAG_P95_MS: -4})  # fmt: skip
+    loops = LoopWindows()
+    assert loops.offer([span]) == 1
+    (w,) = loops.windows()
+    assert (w.cpu_ms, w.gc_counts, w.gc_max_generation, w.lag_p95_ms) == (0.0, (0, 0, 0), None, 0.0)
+
+
+# --- loop-saturated ---------------------------------------------------------------------------
+SHORT = [("tokenize", 3.0, 0.0), ("guardrail", 4.0, 0.0), ("render", 2.0, 0.0)]
+
+
+def _saturated(stages: list[tuple[str, float, float]] = SHORT, **window: object) -> list[Span]:
+    # 100 requests a second, 9 ms of on-loop CPU each: the loop 95% busy (900 requests + 50
+    # untraced ms a second), with work made ready waiting 25 ms (lag p95).
+    kw = {"requests": 900.0, "background": 40.0, "tracekit_cpu": 10.0, "lag": (8.0, 25.0, 60.0),
+          "probes": 100, "inflight": 12, **window}  # fmt: skip
+    return [*_windows(4, **kw), *_traffic(4, 100, stages, loop_wait=20.0, extra=10.0)]
+
+
+def test_loop_saturated_fires_on_many_short_slices_with_its_figures() -> None:
+    report = analyze_spans(_saturated())
+    found = [f for f in report.findings if f.rule == "loop-saturated"]
+    assert [f.rule for f in report.findings if f.rule in ("cpu-on-loop", "blocking-call-on-loop")] == []
+    (f,) = found
+    assert f.route == ROUTE and f.stage is None
+    assert "busy 95% of the time (median of 4 windows" in f.evidence
+    assert "work made ready waited 8.0 ms for it (median window lag p50; p95 25 ms)" in f.evidence
+    assert "runnable more than it ran" not in f.evidence  # 95% on-CPU: not short of CPU
+    assert "each request ran 9.0 ms of CPU on it" in f.evidence
+    assert "guardrail 4.0 ms (44%), tokenize 3.0 ms (33%), render 2.0 ms (22%)" in f.evidence
+    assert "0.50 ms per request that no request owns" in f.evidence  # (40 + 10) ms / 100 requests
+    # The worker count aims at TARGET_BUSY; the queueing projection scales each loop wait.
+    workers = math.ceil(0.95 / TARGET_BUSY)
+    assert f"--workers {workers}" in f.fix_code
+    factor = utilisation_factor(0.95, 0.95 / workers)
+    reqs = [r for r in report.sample if r.route == ROUTE]
+    before = [r.wall_ms for r in reqs]
+    after = [r.wall_ms - (r.loop_wait_ms or 0.0) * (1 - factor) for r in reqs]
+    assert f.projection is not None
+    assert f.projection["p50_ms"] == pytest.approx([percentile(before, 0.5), percentile(after, 0.5)])
+    assert f.projection["p95_ms"] == pytest.approx([percentile(before, 0.95), percentile(after, 0.95)])
+    assert "guardrail (POST /v1/chat): 4.0 ms per request" in f.fix_code  # the biggest stage first
+    assert f.severity == "high"
+
+
+def test_loop_saturated_does_not_fire_on_an_idle_loop() -> None:
+    spans = [*_windows(4, requests=90.0, background=4.0, lag=(0.1, 0.4, 1.0), probes=100),
+             *_traffic(4, 10, SHORT)]  # fmt: skip
+    assert [f.rule for f in analyze_spans(spans).findings if f.rule.startswith(("loop", "gc", "back"))] == []
+
+
+def test_high_lag_on_a_loop_short_of_cpu_is_saturation() -> None:
+    # busy 70% (the thread runnable but off-CPU part of the time), lag p95 25 ms.
+    spans = _saturated(requests=650.0)
+    (f,) = [f for f in analyze_spans(spans).findings if f.rule == "loop-saturated"]
+    assert "busy 70% of the time" in f.evidence and "runnable more than it ran" in f.evidence
+    spans = _saturated(requests=650.0, lag=(1.0, 3.0, 9.0))
+    assert "loop-saturated" not in [f.rule for f in analyze_spans(spans).findings]
+
+
+def test_saturation_from_a_long_slice_stage_is_cpu_on_loops_finding() -> None:
+    # One stage holds the loop in long slices: cpu-on-loop reports it, loop-saturated folds.
+    spans = [*_windows(4, requests=960.0, lag=(8.0, 25.0, 60.0), probes=100)]
+    for i in range(320):
+        spans += request_spans(i * 12.5, 50.0, [("guardrail", 12.0, 0.0)], loop_wait=20.0)
+        spans[-2].attributes[semconv.MAX_BLOCK_MS] = 12.0  # the guardrail's one slice
+    rules = [f.rule for f in analyze_spans(spans).findings]
+    assert "cpu-on-loop" in rules and "loop-saturated" not in rules
+
+
+# --- gc-pauses -------------------------------------------------------------------------------
+def test_gc_pauses_fires_with_its_figures_and_the_projection_without_the_pauses() -> None:
+    spans = [*_windows(4, requests=300.0, gc_cpu=40.0, gc_ms=45.0, gc_counts=(60, 6, 1),
+                       gc_max=(38.0, 2), probes=100, lag=(0.5, 2.0, 40.0)),
+             *_traffic(4, 20, [("tokenize", 2.0, 0.0)], gc=30.0)]  # fmt: skip
+    report = analyze_spans(spans)
+    (f,) = [f for f in report.findings if f.rule == "gc-pauses"]
+    assert f.route == ROUTE and f.stage is None
+    assert "paused for garbage collection 180 ms in 4 s of windows (4.5% of its time" in f.evidence
+    assert "268 collections: 240 generation 0, 24 generation 1, 4 generation 2" in f.evidence
+    assert "the longest pause 38 ms (generation 2)" in f.evidence
+    assert "20 of 80 POST /v1/chat requests were hit" in f.evidence
+    assert "gc.freeze()" in f.fix_code
+    reqs = [r for r in report.sample if r.route == ROUTE]
+    after = [r.wall_ms - float(r.attributes.get(semconv.GC_MS, 0.0)) for r in reqs]
+    assert f.projection is not None
+    assert f.projection["p95_ms"] == pytest.approx(
+        [percentile([r.wall_ms for r in reqs], 0.95), percentile(after, 0.95)]
+    )
+    # No stage is blamed for the collector.
+    assert [x.rule for x in report.findings if x.stage is not None] == []
+
+
+def test_short_young_collections_are_not_a_finding() -> None:
+    spans = [*_windows(4, requests=300.0, gc_cpu=5.0, gc_ms=6.0, gc_counts=(60, 0, 0),
+                       gc_max=(0.4, 0), probes=100, lag=(0.5, 2.0, 4.0)),
+             *_traffic(4, 20, [("tokenize", 2.0, 0.0)], gc=0.3)]  # fmt: skip
+    assert "gc-pauses" not in [f.rule for f in analyze_spans(spans).findings]
+
+
+def test_a_gc_pause_inside_a_stage_is_not_a_blocking_call_of_the_stage() -> None:
+    # The stage held the loop 31 ms: 1 ms of CPU and a 30 ms collection. Without the GC
+    # attribute the same record is a blocking call; with it, no stage rule fires.
+    def records(gc: float | None) -> list[RequestRecord]:
+        out = []
+        for i in range(10):
+            t = i * 100.0
+            attrs = {semconv.GC_MS: gc} if gc is not None else {}
+            s = stage(
+                "parse",
+                t,
+                t + 31,
+                cpu_ms=1.0,
+                wait_ms=0.0,
+                max_block_ms=31.0,
+                slices=[(t, t + 31)],
+                attributes=attrs,
+            )
+            out.append(request(ROUTE, t, t + 40, [s], loop_wait_ms=0.0))
+        return out
+
+    rules: list[Rule] = [BlockingCallOnLoop(), CpuOnLoop()]
+    assert [f.rule for f in run_rules(records(None), RuleContext(), rules)] == ["blocking-call-on-loop"]
+    assert run_rules(records(30.0), RuleContext(), rules) == []
+
+
+# --- background-on-loop ---------------------------------------------------------------------
+def test_background_on_loop_fires_when_untraced_work_is_heavy() -> None:
+    spans = [*_windows(4, requests=200.0, background=350.0, tracekit_cpu=5.0, probes=100,
+                       lag=(2.0, 9.0, 20.0), tasks=230),
+             *_traffic(4, 50, [("tokenize", 2.0, 0.0)], loop_wait=4.0)]  # fmt: skip
+    report = analyze_spans(spans)
+    (f,) = [f for f in report.findings if f.rule == "background-on-loop"]
+    assert (
+        "ran 350 ms per second of work that no traced request owns (63% of its CPU, 7.0 ms per request"
+        in f.evidence
+    )
+    assert "up to 230 tasks alive" in f.evidence and "QueueHandler" in f.fix_code
+    rho = 555 / 1000
+    factor = utilisation_factor(rho, rho - 0.35)
+    reqs = [r for r in report.sample if r.route == ROUTE]
+    after = [r.wall_ms - (r.loop_wait_ms or 0.0) * (1 - factor) for r in reqs]
+    assert f.projection is not None and f.projection["p50_ms"][1] == pytest.approx(percentile(after, 0.5))
+    assert "loop-saturated" not in [x.rule for x in report.findings]
+
+
+def test_the_servers_own_background_is_not_a_finding() -> None:
+    # 0.3 ms of background per request (uvicorn's parsing and writes) at 100 requests a second.
+    spans = [*_windows(4, requests=300.0, background=30.0, probes=100, lag=(0.3, 1.0, 3.0)),
+             *_traffic(4, 100, [("tokenize", 2.0, 0.0)])]  # fmt: skip
+    assert "background-on-loop" not in [f.rule for f in analyze_spans(spans).findings]
+
+
+def test_the_parallel_reader_carries_the_loop_windows(tmp_path: Path) -> None:
+    # The file cut into three byte ranges, one worker process each: the loop view is the one
+    # pass's (windows straddle the boundaries between requests' lines).
+    from tracekit.analysis.readers.parallel import analyze_plan, plan_file
+
+    gen = gen_traces()
+    spans = [*_windows(6, requests=300, background=50, gc_ms=3, gc_counts=(5, 1, 0),
+                       gc_max=(2.5, 0), lag=(1.0, 3.0, 7.0), probes=100, tasks=20),
+             *_traffic(6, 4, [("tokenize", 2.0, 0.0)])]  # fmt: skip
+    spans.sort(key=lambda s: s.end_ns)  # as exporters write them
+    path = tmp_path / "loop.jsonl"
+    with path.open("wb") as file:
+        for i in range(0, len(spans), 7):
+            batch = [gen.otlp_span(s.trace_id, s.span_id, s.parent_id, s.name, s.kind, s.start_ns,
+                                   s.end_ns, s.attributes) for s in spans[i : i + 7]]  # fmt: skip
+            file.write(orjson.dumps(gen.traces_data(batch)) + b"\n")
+    one = Pipeline(Settings())
+    one.add(spans)
+    one.finish()
+    plan = plan_file(str(path), str(path), workers=3, min_range_bytes=1)
+    assert plan is not None and len(plan.bounds) == 4
+    agg, found = analyze_plan(plan, Settings())
+    assert found.orphans == (0, 0)
+    assert agg.loops.to_dict() == one.aggregator.loops.to_dict()
+    assert agg.loops.to_dict()["windows"] == 6  # type: ignore[index]

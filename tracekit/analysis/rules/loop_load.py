@@ -1,0 +1,202 @@
+"""What the loop rules share: a service's loop windows over the sample's period, and the
+queueing model their projections use.
+
+:func:`loop_load` lines a service's kept ``tracekit.loop`` windows up with the request sample
+(both are the earliest of the input): the windows that overlap the period the service's
+sampled requests cover, their CPU split, busy ratio and lag, and the requests that started in
+those windows, so that "per request" figures divide like by like.
+
+**The queueing model** (:func:`queueing_projection`). The event loop is one server; a
+request's recorded loop wait (``tracekit.loop_wait_ms``, ready to run but the loop busy) is
+its queueing for it. In an M/M/1 queue the mean wait is ``rho / (1 - rho)`` service times, so
+when a fix changes the loop's utilisation from ``rho`` to ``rho'`` (more worker processes
+share the load: ``rho' = rho * N / N'``; work taken off the loop: ``rho' = rho - removed``)
+each request's loop wait is scaled by ``[rho' / (1 - rho')] / [rho / (1 - rho)]`` and
+everything else it did is kept; the projection is the route's p50 and p95 of those latencies.
+Utilisations are capped at :data:`RHO_CAP` (the formula diverges at 1: a loop measured 100%
+busy is read as 98%). Assumptions, stated with each projection: open arrivals (the same
+requests arrive at the same times, so the throughput does not move), one CPU core per worker
+process, the loop's own waiting is all a fix removes (CPU moved off the loop still runs
+elsewhere, at the same wall time), and the M/M/1 shape (exponential arrivals and slices: for
+many short slices of similar length the real wait is lower, down to half at the same
+utilisation for constant slices, M/D/1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tracekit._percentile import percentile
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.rules.findings import RuleContext
+from tracekit.analysis.stats.loop_windows import LoopWindow, processes
+
+__all__ = ["RHO_CAP", "LoopLoad", "loop_load", "loop_loads", "queueing_projection", "utilisation_factor"]
+
+#: The highest utilisation the queueing model takes (see the module docstring).
+RHO_CAP = 0.98
+_NS = 1e6
+
+
+@dataclass
+class LoopLoad:
+    """One service's loop windows over the sample's period (see :func:`loop_load`).
+
+    Attributes:
+        service: the service.
+        windows: its windows overlapping the period (all its loop threads).
+        requests: its sampled requests that started within those windows' span.
+        processes: how many loops ran at once (worker processes sharing a thread name).
+        wall_ms, cpu_ms, requests_cpu_ms, gc_cpu_ms, tracekit_cpu_ms, background_cpu_ms,
+            gc_ms: the windows' sums.
+        busy: each window's busy ratio.
+        lag_p50, lag_p95: each window's lag p50 and p95, where the probe ran.
+    """
+
+    service: str
+    windows: list[LoopWindow]
+    requests: list[RequestRecord]
+    processes: int
+    wall_ms: float = 0.0
+    cpu_ms: float = 0.0
+    requests_cpu_ms: float = 0.0
+    gc_cpu_ms: float = 0.0
+    tracekit_cpu_ms: float = 0.0
+    background_cpu_ms: float = 0.0
+    gc_ms: float = 0.0
+    busy: list[float] = field(default_factory=list)
+    lag_p50: list[float] = field(default_factory=list)
+    lag_p95: list[float] = field(default_factory=list)
+
+    @property
+    def rho(self) -> float:
+        """The loop's utilisation: its CPU over the windows' wall time (per process)."""
+        return self.cpu_ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    @property
+    def busy_p50(self) -> float:
+        """The median window's busy ratio."""
+        return percentile(self.busy, 0.5) if self.busy else 0.0
+
+    @property
+    def lag_p50_ms(self) -> float | None:
+        """The median window's lag p50 (``None``: no probe ran)."""
+        return percentile(self.lag_p50, 0.5) if self.lag_p50 else None
+
+    @property
+    def lag_p95_ms(self) -> float | None:
+        """The median window's lag p95 (``None``: no probe ran)."""
+        return percentile(self.lag_p95, 0.5) if self.lag_p95 else None
+
+    @property
+    def untraced_cpu_ms(self) -> float:
+        """Loop CPU that no traced request owns: background, tracekit's and GC's."""
+        return self.background_cpu_ms + self.tracekit_cpu_ms + self.gc_cpu_ms
+
+    def per_request(self, ms: float) -> float:
+        """``ms`` (a sum over the windows) per request that started in them."""
+        return ms / len(self.requests) if self.requests else 0.0
+
+    def per_second(self, ms: float) -> float:
+        """``ms`` (a sum over the windows) per second of loop time (per process)."""
+        return ms / self.wall_ms * 1e3 if self.wall_ms > 0 else 0.0
+
+
+def loop_loads(requests: Sequence[RequestRecord], ctx: RuleContext) -> dict[str, LoopLoad]:
+    """:func:`loop_load` of every service with loop windows (cached per sample in ``ctx``)."""
+    cached = ctx.cache.get("loop_loads")
+    if cached is not None and cached[0] is requests:
+        loads: dict[str, LoopLoad] = cached[1]
+        return loads
+    loads = {}
+    if ctx.loops is not None and ctx.loops.loops:
+        by_service: dict[str, list[RequestRecord]] = {}
+        for req in requests:
+            by_service.setdefault(req.service, []).append(req)
+        for service in sorted({service for service, _ in ctx.loops.loops}):
+            load = loop_load(service, ctx.loops.windows(service), by_service.get(service, []))
+            if load is not None:
+                loads[service] = load
+    ctx.cache["loop_loads"] = (requests, loads)
+    return loads
+
+
+def loop_load(
+    service: str, windows: Sequence[LoopWindow], requests: Sequence[RequestRecord]
+) -> LoopLoad | None:
+    """A service's windows that overlap its sampled requests' period, and the requests that
+    started within them; ``None`` when no window overlaps (or there are no requests)."""
+    if not requests or not windows:
+        return None
+    lo = min(r.start_ns for r in requests)
+    hi = max(r.end_ns for r in requests)
+    inside = [w for w in windows if w.end_ns > lo and w.start_ns < hi]
+    if not inside:
+        return None
+    first = min(w.start_ns for w in inside)
+    last = max(w.end_ns for w in inside)
+    load = LoopLoad(
+        service,
+        inside,
+        [r for r in requests if first <= r.start_ns < last],
+        max(1, processes(inside)),
+    )
+    for w in inside:
+        load.wall_ms += w.wall_ms
+        load.cpu_ms += w.cpu_ms
+        load.requests_cpu_ms += w.requests_cpu_ms
+        load.gc_cpu_ms += w.gc_cpu_ms
+        load.tracekit_cpu_ms += w.tracekit_cpu_ms
+        load.background_cpu_ms += w.background_cpu_ms
+        load.gc_ms += w.gc_ms
+        load.busy.append(w.busy_ratio)
+        if w.lag_p50_ms is not None:
+            load.lag_p50.append(w.lag_p50_ms)
+        if w.lag_p95_ms is not None:
+            load.lag_p95.append(w.lag_p95_ms)
+    return load
+
+
+def utilisation_factor(rho: float, rho_after: float) -> float:
+    """How much a loop wait scales when the loop's utilisation goes from ``rho`` to
+    ``rho_after`` (M/M/1: ``rho / (1 - rho)`` service times of waiting; both capped at
+    :data:`RHO_CAP`)."""
+    rho = min(max(rho, 0.0), RHO_CAP)
+    rho_after = min(max(rho_after, 0.0), RHO_CAP)
+    if rho <= 0:
+        return 1.0
+    return (rho_after / (1 - rho_after)) / (rho / (1 - rho))
+
+
+def queueing_projection(
+    requests: Sequence[RequestRecord], route: str, factor: float, *, minus_ms: str | None = None
+) -> dict[str, list[float]] | None:
+    """Before and after of ``route``'s requests when each one's recorded loop wait is scaled
+    by ``factor`` (and, with ``minus_ms``, the request-span attribute of that name, such as
+    ``tracekit.gc_ms``, is taken off its latency).
+
+    Returns:
+        ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [rps, rps]}``, or
+        ``None`` without instrumented requests of the route.
+    """
+    reqs = [r for r in requests if r.route == route and r.instrumented]
+    if not reqs:
+        return None
+    before, after = [], []
+    for r in reqs:
+        wall = r.wall_ms
+        cut = (r.loop_wait_ms or 0.0) * (1.0 - factor)
+        if minus_ms is not None:
+            value = r.attributes.get(minus_ms)
+            if (type(value) is float or type(value) is int) and value > 0:
+                cut += float(value)
+        before.append(wall)
+        after.append(max(0.0, wall - cut))
+    span_s = (max(r.end_ns for r in reqs) - min(r.start_ns for r in reqs)) / 1e9
+    rps = len(reqs) / span_s if span_s > 0 else 0.0
+    return {
+        "p50_ms": [percentile(before, 0.5), percentile(after, 0.5)],
+        "p95_ms": [percentile(before, 0.95), percentile(after, 0.95)],
+        "throughput_rps": [rps, rps],
+    }

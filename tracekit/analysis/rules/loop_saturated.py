@@ -1,0 +1,265 @@
+"""``loop-saturated``: the event loop is busy nearly all the time, from many short slices.
+
+Reads the service's ``tracekit.loop`` windows over the sample's period
+(:func:`~tracekit.analysis.rules.loop_load.loop_load`). Fires when the median window's busy
+ratio (loop thread CPU / wall) is at least ``min_busy``, or the loop probe's typical lag is
+high (median window lag p50 >= ``min_lag_ms``) on a loop at least ``min_busy_with_lag`` busy:
+a host short of CPU (other processes, other threads holding the GIL) keeps a saturated loop
+thread runnable but off-CPU, so its busy ratio reads low and its lag does not. Measured on a
+served test gateway (``tests/analysis/test_loop_view_real.py``): 29-44% busy, lag p50 42-124
+ms, p95 154-218 ms, with a load generator and other jobs on the same 2 cores.
+
+One symptom, one finding: when the on-loop CPU of stages that ``cpu-on-loop`` or
+``blocking-call-on-loop`` flag (their own gates, asked through their ``fires``) is at least
+``fold_share`` of the requests' on-loop CPU, their findings are the fix and this rule stays
+quiet; when the loop's background CPU exceeds the requests' CPU, ``background-on-loop``
+reports it. Otherwise the loop is saturated by many short slices of many stages: the fix is
+more worker processes, or less CPU per request named by stage.
+
+Projections: more workers through the queueing model of
+:mod:`~tracekit.analysis.rules.loop_load` (the replay has no model of several processes);
+each stage candidate through the replay when it validates, else the same queueing model
+(each line says which).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from tracekit._percentile import percentile
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix
+from tracekit.analysis.rules import loop_fixes
+from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
+from tracekit.analysis.rules.common import LoopIndex, by_route, function_or, ms, name_of, p50_latency
+from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop, fix_for_cpu
+from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.loop_index import Usage, loop_usage
+from tracekit.analysis.rules.loop_load import (
+    LoopLoad,
+    loop_loads,
+    queueing_projection,
+    utilisation_factor,
+)
+
+#: Median window busy ratio from which the loop is saturated: at 85% busy an M/M/1 queue
+#: waits 5.7 service times per visit, and a burst leaves no headroom at all.
+MIN_BUSY = 0.85
+#: Median window lag p50 (ms) that shows saturation on a loop that is not fully on-CPU: half
+#: the probes waited 5 ms for the loop, five times a typical short step (< 1 ms), so it was
+#: rarely free. The median, not the p95: a rare long slice or GC pause moves a window's p95
+#: and max (cpu-on-loop's and gc-pauses' cases), not the typical wait.
+MIN_LAG_MS = 5.0
+#: ... on a loop at least this busy on-CPU: traffic, not a nearly idle loop whose probe hop
+#: waited for a core of a loaded host (ten spaced requests keep a loop ~5% busy). Low on
+#: purpose: a starved loop thread reads far below its real load (29% and 42-44% measured on
+#: the served test gateway, loop waits 120-240 ms per request, the 2-core host at load 4-7).
+MIN_BUSY_WITH_LAG = 0.1
+#: Flagged stages (cpu-on-loop, blocking-call-on-loop) with this share of the requests'
+#: on-loop CPU explain the saturation: their findings are the fix.
+FOLD_SHARE = 0.5
+#: The busy ratio the proposed worker count aims at: at 50% an M/M/1 loop waits one service
+#: time per visit, and a 2x burst still fits.
+TARGET_BUSY = 0.5
+#: Stages proposed as CPU to move or cut (each costs a replay); a stage must carry at least
+#: ``MIN_CANDIDATE_SHARE`` of the requests' on-loop CPU.
+MAX_CANDIDATES = 2
+MIN_CANDIDATE_SHARE = 0.1
+
+
+class LoopSaturated:
+    """Rule ``loop-saturated`` (thresholds: the module constants, documented there)."""
+
+    id = "loop-saturated"
+
+    def __init__(
+        self,
+        min_busy: float = MIN_BUSY,
+        min_lag_ms: float = MIN_LAG_MS,
+        min_busy_with_lag: float = MIN_BUSY_WITH_LAG,
+        fold_share: float = FOLD_SHARE,
+        target_busy: float = TARGET_BUSY,
+        min_requests: int = 3,
+        cpu_rule: CpuOnLoop | None = None,
+        blocking_rule: BlockingCallOnLoop | None = None,
+    ) -> None:
+        self.min_busy = min_busy
+        self.min_lag_ms = min_lag_ms
+        self.min_busy_with_lag = min_busy_with_lag
+        self.fold_share = fold_share
+        self.target_busy = target_busy
+        self.min_requests = min_requests
+        self.cpu_rule = cpu_rule or CpuOnLoop()
+        self.blocking_rule = blocking_rule or BlockingCallOnLoop()
+
+    def saturated(self, load: LoopLoad) -> bool:
+        """Whether the loop's windows show saturation (busy, or lag on a busy-enough loop)."""
+        if load.busy_p50 >= self.min_busy:
+            return True
+        lag = load.lag_p50_ms
+        return lag is not None and lag >= self.min_lag_ms and load.busy_p50 >= self.min_busy_with_lag
+
+    def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
+        """At most one finding per service whose loop is saturated by short slices."""
+        out = []
+        for load in loop_loads(requests, ctx).values():
+            if len(load.requests) < self.min_requests or not self.saturated(load):
+                continue
+            if load.background_cpu_ms > load.requests_cpu_ms:
+                continue  # background-on-loop's finding
+            found = self._finding(load, requests, ctx)
+            if found is not None:
+                out.append(found)
+        return out
+
+    def _finding(self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext) -> Finding | None:
+        # Each (route, stage)'s on-loop CPU in the windows' requests, and its usages.
+        uses: dict[tuple[str, str | None], list[Usage]] = {}
+        for req in load.requests:
+            if req.instrumented:
+                for name, usage in loop_usage(req).items():
+                    uses.setdefault((req.route, name), []).append(usage)
+        cpu = {key: sum(u.cpu_ms for u in us) for key, us in uses.items()}
+        total = sum(cpu.values())
+        if total <= 0:
+            return None
+        index = LoopIndex.of(requests, ctx)
+        routes = by_route(requests, RuleContext())
+        p50s = {route: p50_latency(reqs) for route, reqs in routes.items()}
+        flagged = {
+            key for key, us in uses.items()
+            if len(us) >= self.min_requests and (
+                self.cpu_rule.fires(key[0], key[1], us, p50s.get(key[0], 0.0), load.service, index)
+                or self.blocking_rule.fires(us))
+        }  # fmt: skip
+        if sum(cpu[key] for key in flagged) >= self.fold_share * total:
+            return None  # cpu-on-loop / blocking-call-on-loop name the fix
+        victim = self._victim(load)
+        if victim is None or (ctx.route is not None and victim != ctx.route):
+            return None
+        victim_reqs = routes.get(victim, [])
+        p50 = p50s.get(victim, 0.0)
+        waits = [r.loop_wait_ms or 0.0 for r in victim_reqs]
+        rho = max(load.rho, load.busy_p50)
+        now = load.processes
+        workers = max(now + 1, math.ceil(now * rho / self.target_busy))
+        rho_after = rho * now / workers
+        projection = queueing_projection(requests, victim, utilisation_factor(rho, rho_after))
+        per_request = load.per_request(total)
+        ranked = sorted(cpu, key=lambda k: (-cpu[k], k[0], k[1] or ""))
+        n = max(1, len(load.requests))
+        parts = [
+            f"{name_of(k[1])}{'' if k[0] == victim else f' ({k[0]})'} {ms(cpu[k] / n)} ({cpu[k] / total:.0%})"
+            for k in ranked[:4]
+            if cpu[k] >= 0.01 * total
+        ]
+        folded = [name_of(k[1]) for k in ranked if k in flagged]
+        evidence = [
+            f"the event loop of {load.service} was busy {load.busy_p50:.0%} of the time (median of "
+            f"{len(load.windows)} windows, p95 {percentile(load.busy, 0.95):.0%}; {now} "
+            f"process{'es' if now > 1 else ''})"
+        ]
+        if load.lag_p50_ms is not None and load.lag_p95_ms is not None:
+            evidence.append(
+                f"work made ready waited {ms(load.lag_p50_ms)} for it (median window lag p50; p95 "
+                f"{ms(load.lag_p95_ms)})"
+            )
+        if load.busy_p50 < self.min_busy:
+            evidence.append(
+                "the loop thread was runnable more than it ran: it waited for a CPU or the GIL "
+                "(other processes or threads), so more workers need free cores"
+            )
+        evidence.append(
+            f"each request ran {ms(per_request)} of CPU on it in short slices (no stage's longest "
+            f"slice reached {ms(self.cpu_rule.min_slice_ms)}): {', '.join(parts)}; plus "
+            f"{ms(load.per_request(load.untraced_cpu_ms))} per request that no request owns (server "
+            f"I/O and tasks of no request {ms(load.per_request(load.background_cpu_ms))}, GC "
+            f"{ms(load.per_request(load.gc_cpu_ms))}, tracekit {ms(load.per_request(load.tracekit_cpu_ms))})"
+        )
+        evidence.append(
+            f"{victim}'s requests waited {ms(sum(waits) / max(1, len(waits)))} each for the loop "
+            f"(p95 {ms(percentile(waits, 0.95))})"
+        )
+        if folded:
+            evidence.append(f"{', '.join(folded)}: see cpu-on-loop")
+        title, code = loop_fixes.more_workers(workers, now, rho, rho_after)
+        if projection is not None:
+            code += (
+                f"# projected for {victim} (queueing model, M/M/1 loop, open arrivals): p50 "
+                f"{projection['p50_ms'][0]:.0f} -> {projection['p50_ms'][1]:.0f} ms, p95 "
+                f"{projection['p95_ms'][0]:.0f} -> {projection['p95_ms'][1]:.0f} ms\n"
+            )
+        lines = self._candidates(load, ranked, flagged, cpu, uses, total, rho, victim, requests, ctx)
+        if lines:
+            title += "; or take CPU off the loop: " + ", ".join(name for name, _ in lines)
+            code += "\n# or less CPU per request on the loop, by stage:\n" + "".join(
+                text for _, text in lines
+            )
+        impact = sum(waits) / max(1, len(waits))
+        if projection is not None:
+            impact = max(impact, projection["p50_ms"][0] - projection["p50_ms"][1])
+        return Finding(
+            rule=self.id, route=victim, stage=None, function=None,
+            severity=severity_for(impact, p50), impact_ms=impact, evidence="; ".join(evidence),
+            fix_title=title, fix_code=code, projection=projection,
+            projection_note=None if projection is not None else "no instrumented requests to project",
+        )  # fmt: skip
+
+    def _victim(self, load: LoopLoad) -> str | None:
+        # The route whose requests waited longest for the loop in total (ties: by name).
+        waited: dict[str, float] = {}
+        for r in load.requests:
+            if r.instrumented:
+                waited[r.route] = waited.get(r.route, 0.0) + (r.loop_wait_ms or 0.0)
+        return min(waited, key=lambda route: (-waited[route], route)) if waited else None
+
+    def _candidates(
+        self,
+        load: LoopLoad,
+        ranked: list[tuple[str, str | None]],
+        flagged: set[tuple[str, str | None]],
+        cpu: dict[tuple[str, str | None], float],
+        uses: dict[tuple[str, str | None], list[Usage]],
+        total: float,
+        rho: float,
+        victim: str,
+        requests: Sequence[RequestRecord],
+        ctx: RuleContext,
+    ) -> list[tuple[str, str]]:
+        # The biggest unflagged stages: their fix (as cpu-on-loop would write it) and its
+        # projected p50 for the victim route, by the replay when it validates, else queued.
+        lines = []
+        n = max(1, len(load.requests))
+        for route, name in [k for k in ranked if k not in flagged][:MAX_CANDIDATES]:
+            if cpu[(route, name)] < MIN_CANDIDATE_SHARE * total:
+                break
+            first = next((u for u in uses[(route, name)] if u.stage is not None), None)
+            kind = first.stage.kind if first is not None and first.stage is not None else None
+            function = function_or(first)
+            (fix_title, fix_code), model = fix_for_cpu(route, name, kind, function)
+            projection, how = None, "replay"
+            if ctx.project is not None:
+                projection, _ = ctx.project(requests, replace(model, report_route=victim))
+            if projection is None:
+                removed = cpu[(route, name)] * _removed_share(model) / max(load.wall_ms, 1e-9)
+                projection = queueing_projection(requests, victim, utilisation_factor(rho, rho - removed))
+                how = "queueing model"
+            gain = ""
+            if projection is not None:
+                before, after = projection["p50_ms"]
+                gain = f": {victim} p50 {before:.0f} -> {after:.0f} ms ({how})"
+            share = cpu[(route, name)] / total
+            text = (
+                f"# {name_of(name)} ({route}): {ms(cpu[(route, name)] / n)} per request, {share:.0%} of "
+                f"the requests' loop CPU -> {' '.join(fix_title.split())}{gain}\n"
+            ) + "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
+            lines.append((name_of(name), text))
+        return lines
+
+
+def _removed_share(model: Fix) -> float:
+    # The share of the stage's loop CPU a fix takes off the loop: all of it to a thread or a
+    # process pool, 1 - factor for a faster library.
+    return 1.0 - model.factor if model.action == "shrink" else 1.0

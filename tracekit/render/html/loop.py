@@ -1,0 +1,60 @@
+"""The report's loop view as HTML: one table row per event loop (busy share, CPU split, GC,
+lag, tasks) and each route's share of its loop's CPU. Nothing when the report has no loop
+section (traces without ``tracekit.loop`` windows)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tracekit.render.html.util import clip, esc, fmt_int, fmt_ms, fmt_pct, items, mapping
+
+
+def loop_section(loop: object) -> str:
+    """The ``loop`` section, or ``""`` when there is none.
+
+    Args:
+        loop: the report's ``loop`` value (a mapping, or null).
+    """
+    if not isinstance(loop, Mapping):
+        return ""
+    head = ("<tr><th>loop</th><th>windows</th><th>processes</th><th>busy p50</th><th>p95</th>"
+            "<th>requests</th><th>GC</th><th>tracekit</th><th>background</th>"
+            "<th>GC collections (0/1/2)</th><th>longest pause</th><th>lag p50</th><th>p95</th>"
+            "<th>max</th><th>tasks</th></tr>")  # fmt: skip
+    rows = [_row(one) for one in items(loop.get("loops"))]
+    routes = "".join(
+        f'<li><span class="route">{esc(clip(r.get("route"), 200))}</span>: '
+        f"{fmt_pct(r.get('loop_cpu_share'))} of {esc(clip(r.get('service'), 80))}'s loop CPU "
+        f"({fmt_ms(r.get('cpu_on_loop_ms'))} ms)</li>"
+        for r in items(loop.get("routes"))
+    )
+    return (
+        '<section id="loop"><h2>Event loop</h2><p class="note">Per event loop, over its '
+        "windows (about a second each): how busy it was, what its CPU ran (traced requests, "
+        "garbage collection, tracekit, and background work no request owns), GC pauses and "
+        "the lag of work made ready (ms).</p>"
+        f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
+        f"</table></div>{f'<ul>{routes}</ul>' if routes else ''}</section>"
+    )
+
+
+def _row(one: Mapping[str, Any]) -> str:
+    busy = mapping(one.get("busy"))
+    share = mapping(one.get("cpu_share"))
+    gc = mapping(one.get("gc"))
+    lag = mapping(one.get("lag_ms"))
+    counts = "/".join(fmt_int(c) for c in gc.get("counts") or [])
+    pause = "–"
+    if gc.get("max_ms") is not None:
+        pause = f"{fmt_ms(gc.get('max_ms'))} (gen {fmt_int(gc.get('max_generation'))})"
+    cells = [
+        f'<td class="route">{esc(clip(one.get("service"), 80))} / {esc(clip(one.get("thread"), 80))}</td>',
+        f"<td>{fmt_int(one.get('windows'))}</td><td>{fmt_int(one.get('processes'))}</td>",
+        f"<td>{fmt_pct(busy.get('p50'))}</td><td>{fmt_pct(busy.get('p95'))}</td>",
+        *(f"<td>{fmt_pct(share.get(k))}</td>" for k in ("requests", "gc", "tracekit", "background")),
+        f"<td>{esc(counts)}</td><td>{esc(pause)}</td>",
+        *(f"<td>{fmt_ms(lag.get(k))}</td>" for k in ("p50", "p95", "max")),
+        f"<td>{fmt_int(one.get('tasks_max'))}</td>",
+    ]
+    return f"<tr>{''.join(cells)}</tr>"
