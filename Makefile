@@ -64,7 +64,7 @@ ifneq ($(BUILT),)
 	@echo "== the whole suite, compiled request path"
 	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
 	@echo "== the request path's tests as plain Python (TRACEKIT_PURE_PYTHON=1)"
-	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/core tests/hostile/recorder
+	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/core tests/hostile/recorder tests/loop/test_spawned_tasks.py
 else
 	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1)"
 	$(BIN)/python -m pytest -q

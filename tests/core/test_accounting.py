@@ -159,12 +159,19 @@ def test_estimator_uses_the_sleep_deadline() -> None:
 
 
 def test_estimator_takes_the_probed_lag_for_unknown_readiness() -> None:
-    state = _state((10, 40), (40.2, 100))  # the loop busy up to 100 ms
-    state.lag = 30 * MS  # what the loop probe measured last
+    state = _state((10, 40), (40.2, 100))  # the loop busy from 10 ms up to 100 ms
+    state.lag, state.lag_at = 30 * MS, 95 * MS  # what the loop probe measured last, and when
     assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == 30 * MS
-    # Never more than the suspension itself.
+    # Never more than the busy run, clipped to the suspension.
     assert event_loop.estimate_loop_wait(state, 90 * MS, int(100.5 * MS), None) == int(10.5 * MS)
-    assert event_loop.estimate_loop_wait(state, 0, 110 * MS, None) == 0  # loop went idle before
+    # A measurement older than the suspension says nothing about it.
+    assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == 0
+    # The probe's timer overdue since 20 ms: one long block; half of it.
+    state.probe_due = int(80.5 * MS)
+    assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == int(4.5 * MS)
+    assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == 30 * MS
+    # The loop idle for longer than GAP_NS before the resumption: the readiness came then.
+    assert event_loop.estimate_loop_wait(state, 0, 100 * MS + event_loop.GAP_NS + 1, None) == 0
 
 
 def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:

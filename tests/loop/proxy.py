@@ -191,31 +191,3 @@ def drive_load(url: str, requests: int, concurrency: int, stream_every: int = 0,
     thread.join(timeout_s + 30)
     return latencies
 
-
-_PROBE = """
-import json, sys, time, urllib.request
-url, seconds = sys.argv[1], float(sys.argv[2])
-body = json.dumps({"messages": [{"role": "user", "content": "probe"}], "max_tokens": int(sys.argv[3])}).encode()
-latencies = []
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    start = time.perf_counter()
-    request = urllib.request.Request(url + "/v1/chat/completions", body, {"content-type": "application/json"})
-    urllib.request.urlopen(request, timeout=30).read()
-    latencies.append((time.perf_counter() - start) * 1000)
-    time.sleep(0.02)
-print(json.dumps(latencies))
-"""
-
-
-class DirectProbe:
-    """A client in a process of its own calling the model server one request at a time for
-    ``seconds``: the model's latency as a quiet client sees it, during the gateway's load."""
-
-    def __init__(self, url: str, seconds: float, max_tokens: int = 8) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", _PROBE, url, str(seconds), str(max_tokens)],
-                                        stdout=subprocess.PIPE, text=True)  # fmt: skip
-
-    def latencies(self) -> list[float]:
-        out, _ = self.process.communicate(timeout=120)
-        return list(json.loads(out))

@@ -143,7 +143,8 @@ def test_the_application_sees_its_own_coroutine_and_its_own_task_factory() -> No
 
     with tracekit.record():
         asyncio.run(main())
-    assert any(name.endswith(".child") for name in made)  # the application's factory ran, with tracekit's wrapper around it
+    # the application's factory ran, given tracekit's wrapper around the coroutine
+    assert any(name.endswith(".child") for name in made)
     assert seen["stack"] == ["child"] and seen["qualname"].endswith("child")
     assert seen["suspended"] and seen["name"] == "the-child"
     assert isinstance(seen["factory"], spawned.TaskFactory) and seen["factory"].previous is factory

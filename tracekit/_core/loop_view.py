@@ -163,7 +163,7 @@ class LoopView:
         self._count_tasks = True
         start = self._at
         thread_cpu = cpu - self._cpu
-        gc = [now - before for now, before in zip(gc_now, self._gc)]
+        gc = [now - before for now, before in zip(gc_now, self._gc, strict=True)]
         gc_cpu, gc_in_slices, gc_wall = gc[0], gc[1], gc[2]
         requests = max(0, busy_cpu - self._busy_cpu - gc_in_slices)
         own = tracekit - self._tracekit
@@ -196,7 +196,7 @@ views: list[LoopView] = []  # every loop view made in this process (the runtime 
 def view_for(loop: asyncio.AbstractEventLoop, state: event_loop.ThreadState) -> LoopView:
     """The view of ``loop`` (running on the thread whose state is ``state``), made on first use
     (garbage collections are timed from then on)."""
-    view = state.view
+    view: LoopView | None = state.view
     if view is None or view.loop is not loop:
         gc_pauses.install()
         view = state.view = LoopView(loop, state)

@@ -135,8 +135,8 @@ def ledger_parts(request: Request, end: int = 0) -> list[tuple[int, int, int, in
     # The request's own ledger is split over the request span (to its last byte): it may
     # close later (a streamed body's task group ending), and the request's components add
     # up to the request's wall time.
-    return [split(led, min(ledger_end(led, open_at), end) if led.site is REQUEST else ledger_end(led, open_at))
-            for led in request.ledgers]  # fmt: skip
+    return [split(led, min(ledger_end(led, open_at), end) if led.site is REQUEST
+                  else ledger_end(led, open_at)) for led in request.ledgers]  # fmt: skip
 
 
 def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait: int) -> dict[str, Any]:

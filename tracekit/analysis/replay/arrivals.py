@@ -32,12 +32,14 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
-from tracekit._core.event_loop import GAP_NS  # busy slices closer than this form one busy run
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.stats.intervals import Interval, merge
 
 _MS = 1e6
+# Recorded busy slices closer than this form one busy run: the loop dispatching the next
+# callback, or polling with nothing ready, takes less than a millisecond.
+GAP_NS = 1_000_000
 
 
 class BusyIndex:
