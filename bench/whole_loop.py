@@ -1,0 +1,125 @@
+"""The whole loop on a proxy-shaped gateway, against measurements tracekit does not make.
+
+Serves ``tests/loop/proxy.py``'s gateway (the shape of an open-source LLM proxy: the upstream
+call in a spawned task, logging after the response, streamed replies) with uvicorn + httptools
+on 127.0.0.1, the model server (``examples/model_server.py``) in a process of its own, and
+drives closed-loop load. Prints, per event loop:
+
+- the loop thread's CPU from ``/proc/self/task/<tid>/schedstat`` against tracekit's loop
+  windows: attributed (requests + GC + tracekit) and background;
+- the model stage's wait p50 against the model server's own service time (``x-model-ms``,
+  measured in its process) and a direct probe (a separate process calling the model server
+  one request at a time during the load);
+- the loop probe's lag and the model stage's wall time (how saturated the loop was).
+
+Run: .venv/bin/python bench/whole_loop.py [--loops asyncio,uvloop] [--requests 300]
+     [--concurrency 32] [--stream-every 0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tracekit  # noqa: E402
+from tests.conftest import Server  # noqa: E402
+from tests.loop.proxy import ModelServer, Proxy, drive_load, thread_cpu_ns  # noqa: E402
+from tracekit import semconv as sc  # noqa: E402
+from tracekit._export import tracing  # noqa: E402
+
+_PROBE = """
+import json, sys, time, urllib.request
+url, seconds = sys.argv[1], float(sys.argv[2])
+body = json.dumps({"messages": [{"role": "user", "content": "probe"}], "max_tokens": 8}).encode()
+out, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    start = time.perf_counter()
+    urllib.request.urlopen(urllib.request.Request(
+        url + "/v1/chat/completions", body, {"content-type": "application/json"}), timeout=30).read()
+    out.append((time.perf_counter() - start) * 1000)
+    time.sleep(0.02)
+print(json.dumps(out))
+"""
+
+
+def run(loop: str, requests: int, concurrency: int, stream_every: int) -> dict[str, Any]:
+    model = ModelServer("--prefill-ms", "40", "--decode-ms", "2")
+    proxy = Proxy(model.url)
+    try:
+        with tracekit.record() as rec:
+            server = Server(proxy.app, loop=loop, http="httptools")
+            try:
+                drive_load(server.url, 8, 4)
+                time.sleep(0.3)
+                tracing.flush_all()
+                before, served_before = len(rec.spans), len(proxy.model_ms)
+                cpu_before = thread_cpu_ns(proxy.loop_tid)
+                probe = subprocess.Popen([sys.executable, "-c", _PROBE, model.url, "4"],
+                                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+                started = time.perf_counter()
+                latencies = drive_load(server.url, requests, concurrency, stream_every=stream_every)
+                elapsed = time.perf_counter() - started
+                direct = json.loads(probe.communicate(timeout=120)[0])
+                time.sleep(0.5)
+                cpu_after = thread_cpu_ns(proxy.loop_tid)
+                tracing.flush_all()
+                spans = rec.spans[before:]
+            finally:
+                server.stop()
+    finally:
+        model.stop()
+    windows = [s.attributes for s in spans if s.name == sc.LOOP_SPAN]
+    models = [s.attributes for s in spans if s.attributes.get(sc.STAGE) == "model"]
+    proc = (cpu_after - cpu_before) / 1e6
+
+    def total(key: str) -> float:
+        return sum(w[key] for w in windows)
+
+    attributed = total(sc.LOOP_REQUESTS_CPU_MS) + total(sc.LOOP_GC_CPU_MS) + total(sc.LOOP_TRACEKIT_CPU_MS)
+    return {
+        "loop": loop, "requests": len(latencies), "concurrency": concurrency,
+        "elapsed_s": round(elapsed, 2), "client_p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "loop_cpu_proc_ms": round(proc, 1), "loop_cpu_windows_ms": round(total(sc.LOOP_CPU_MS), 1),
+        "attributed_share": round(attributed / proc, 3),
+        "requests_spans_share": round(sum(s.attributes[sc.CPU_MS] for s in spans
+                                          if s.kind.name == "SERVER") / proc, 3),
+        "background_share": round(total(sc.LOOP_BACKGROUND_CPU_MS) / proc, 3),
+        "model_server_own_p50_ms": round(statistics.median(proxy.model_ms[served_before:]), 1)
+        if len(proxy.model_ms) > served_before else None,
+        "direct_probe_p50_ms": round(statistics.median(direct), 1) if direct else None,
+        "model_wait_p50_ms": round(statistics.median(a[sc.WAIT_MS] for a in models), 1),
+        "model_stage_wall_p50_ms": round(statistics.median(a[sc.WALL_MS] for a in models), 1),
+        "lag_p50_ms_by_window": [round(w.get(sc.LOOP_LAG_P50_MS, 0), 1) for w in windows],
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+
+
+def main() -> None:
+    """Command line: see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--loops", default="asyncio,uvloop")
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--stream-every", type=int, default=0)
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args()
+    results = [run(loop, args.requests, args.concurrency, args.stream_every)
+               for loop in args.loops.split(",")]  # fmt: skip
+    for result in results:
+        print(json.dumps(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
