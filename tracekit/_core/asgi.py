@@ -75,8 +75,8 @@ def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
     """Bind the request as the current one (its root ledger and OpenTelemetry context), have
     the watchdog watch this loop thread and the loop's view count the request (the first
     time on a loop: its view, and the task factory that makes the tasks a request spawns
-    its own, :mod:`tracekit._core.spawned`); returns what
-    :func:`leave` unbinds (None: it could not, logged)."""
+    its own, :mod:`tracekit._core.spawned`); returns what :func:`leave` unbinds (None: it
+    could not, logged)."""
     try:
         state = event_loop.thread_state()
         watchdog = request.runtime.watchdog

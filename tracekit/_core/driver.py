@@ -54,12 +54,10 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     task = None
     if loop is not None:
         task = _current_task(loop)
-        try:  # the loop's view, probing while traced work runs (tracekit._core.loop_view)
+        try:  # the loop's view (its probe starts with the next outermost slice)
             view = state.view
             if view is None or view.loop is not loop:
-                view = loop_view.view_for(loop, state)
-            if not view.probing:
-                view.start_probe()
+                loop_view.view_for(loop, state)
         except Exception:
             internal_error("loop view")
     send, throw = coro.send, coro.throw

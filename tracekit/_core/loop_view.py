@@ -172,7 +172,9 @@ class LoopView:
         longest = pauses.longest if pauses is not None else 0
         longest_gen = pauses.longest_gen if pauses is not None else 0
         if pauses is not None:
-            pauses.longest = 0  # read and reset here: per window
+            # Read and reset here, per window (a pause ending between the two is lost: the
+            # loop thread writes it, this is the one other write, on a rarely used field).
+            pauses.longest = 0
         return {
             "start": start, "end": end, "thread_cpu": thread_cpu, "requests": requests,
             "gc": gc_cpu, "gc_wall": gc_wall, "tracekit": own,

@@ -33,6 +33,8 @@ from tracekit._core.driver import drive
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import SPAWNED, Ledger
 
+MAX_CATCHES: Final = 4  # watchdog catches kept per ledger (tracekit._core.watchdog.MAX_CATCHES)
+
 
 class SpawnedCoroutine:
     """A spawned task's coroutine, as the task sees it: ``send``/``throw``/``close`` go to a
@@ -112,6 +114,7 @@ def _not_run() -> Generator[Any, Any, Any]:
 
 _NOT_RUN: Final = _not_run()
 
+
 def finish(led: Ledger) -> None:
     """The spawned task ended: fold its ledger, close it, hand the request on if it was the
     request's last open ledger."""
@@ -151,10 +154,12 @@ def fold(led: Ledger) -> None:
     if led.waits:
         for ready, waited in led.waits:
             target.waits = ledger.note(target.waits, ready, waited)
-    if led.blocked:
+    if led.blocked:  # the watchdog's catches, as many as it keeps for one ledger
         if target.blocked is None:
             target.blocked = []
-        target.blocked.extend(led.blocked)
+        room = MAX_CATCHES - len(target.blocked)
+        if room > 0:
+            target.blocked.extend(led.blocked[:room])
     led.cpu_on = led.cpu_off = led.loop_wait = 0
 
 
