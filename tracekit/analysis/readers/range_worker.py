@@ -76,8 +76,10 @@ def _work(
     following: Connection | None,
     parent: Connection,
 ) -> None:
-    # Read the range into the pipeline, take the previous range's end state, hand this
-    # one's on, and answer the parent.
+    # Read the range into the pipeline, take the previous range's end state, answer the
+    # parent, and only then hand this range's end state on: the next worker takes it once
+    # its own range is read, and a pipe write waits for that, where the parent can use this
+    # range's sample at once.
     import gc
 
     gc.disable()  # as analyze() does: millions of acyclic objects, see api._gc_paused
@@ -98,10 +100,7 @@ def _work(
             raise _Abandoned
         pipeline.continue_from(state)
         if following is not None:
-            handed_on = True
-            # A neighbour that failed has gone: its own error is what gets reported.
-            with contextlib.suppress(OSError):
-                following.send_bytes(pack(pipeline.end_state()))
+            end_state = pack(pipeline.end_state())
         else:
             pipeline.finish()
         kept = pipeline.aggregator.take_sample()
@@ -112,6 +111,11 @@ def _work(
         parent.send(("ok", partial))
         cutoff = parent.recv()
         parent.send(("sample", [packed for key, packed in kept if cutoff is None or key >= cutoff]))
+        if following is not None:
+            handed_on = True
+            # A neighbour that failed has gone: its own error is what gets reported.
+            with contextlib.suppress(OSError):
+                following.send_bytes(end_state)
     except (EOFError, OSError) as exc:
         # The parent stopped listening (another range failed): leave quietly. A file that
         # cannot be read is a TracekitError by now (files.guard), not an OSError.
