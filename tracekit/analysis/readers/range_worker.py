@@ -4,9 +4,9 @@
 :func:`worker_main`) and sends it the :class:`Plan`, its index and the settings. The worker
 reads its range with the readers' line loop (:func:`tracekit.analysis.readers.files.json_lines`)
 into a :class:`~tracekit.analysis.pipeline.Pipeline`, takes the end state of the previous
-range's worker, assembles the spans it set aside on it, hands its own end state to the next
-range's worker, and answers the parent: a :class:`Partial`, then the part of its packed
-sample the parent asks for. Errors go to the parent as messages; the first range in file
+range's worker, assembles the spans it set aside on it, answers the parent (a
+:class:`Partial`, then the part of its packed sample the parent asks for), and hands its own
+end state to the next range's worker. Errors go to the parent as messages; the first range in file
 order that failed is the one reported.
 """
 
