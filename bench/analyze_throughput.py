@@ -287,32 +287,29 @@ def render(
     cpus = os.cpu_count() or 1
     per_span_us = 1e6 * pipeline_s / n_spans
     workers_s = pipeline_s / cpus
+    tail_s = top.wall_s - workers_s
     left = (
         f"Per span, one process spends {1e6 * read_s / n_spans:.1f} µs of CPU reading (of which "
         f"{1e6 * parse_s / n_spans:.1f} µs are msgspec's decode, the `parse` row) and "
         f"{1e6 * (pipeline_s - read_s) / n_spans:.1f} µs assembling and aggregating: "
         f"{per_span_us:.1f} µs, so {cpus} CPUs fully used take about {workers_s:.1f} s for the "
-        f"{n_spans:,} spans. The report costs {report_s:.1f} s of CPU in one process, almost all "
-        "of it the judgement of the sample (rules and replays); `analyze` does it in the parent "
-        "while the last, longer byte range is still being read, on the CPU the first range's "
-        f"worker left, so that the {cpus} CPUs stay busy to the end: {top.cpu_s:.1f} s of CPU "
-        f"over {cpus} CPUs is {top.cpu_s / cpus:.1f} s, and the other "
-        f"{max(0.0, top.wall_s - top.cpu_s / cpus):.1f} s of the wall time are the workers' start "
-        "(a fresh interpreter each), the last range's tail (the spans it set aside, assembled on "
-        "its neighbour's end state), the report's statistics and output, and whatever else "
-        "ran on the machine. Runs of one command differ by up to 15% on this shared machine (the "
-        "`all runs` column)."
+        f"{n_spans:,} spans. The other {tail_s:.1f} s of `analyze` are serial or overhead: the "
+        f"report on the sample ({report_s:.1f} s of CPU in one process, after the workers, "
+        "while the other CPUs idle), the workers' start, the last range's tail (it assembles "
+        "the spans it set aside and the open traces handed on by its neighbour only once that "
+        "neighbour is done) and unpacking the sample in the parent. Runs of one command differ by "
+        "up to 15% on this shared machine (the `all runs` column)."
     )
     levers = (
-        "What would close the gap, largest first: the Python per request in assembly and "
-        "aggregation (record building, statistics, on spans read ~10,000 spans earlier and out "
-        "of the CPU caches); the conversion of decoded structs to spans (the reader's Python: "
-        "per attribute, a few field reads, a shared key and a dict insert); the judgement's "
-        "replays (building the replay programs, the simulations)."
+        "What would close the gap, largest first: the report's CPU (its replays and their "
+        "validation run one after another in one process: in parallel, or on the workers' "
+        "idle CPU, they would take a fraction of their time); the Python per request in "
+        "assembly and aggregation (record building, statistics); the conversion of decoded "
+        "structs to spans (the reader's Python: per attribute, a few field reads, a shared "
+        "key and a dict insert)."
         if top.wall_s > target_s
-        else "The target is met. What is left per span is plain Python spread over the "
-        "reader's conversion, record building and statistics; the judgement of the sample "
-        "(rules and replays) costs a fixed few seconds of CPU whatever the file's size."
+        else "The target is met; the report's replays, run one after another in one "
+        "process, are the largest serial part left."
     )
     return f"""# Analyzer performance
 
@@ -393,7 +390,7 @@ same command in one process, for the same report). Where the CPU time goes, in o
 2. **One pipeline, one worker process per CPU.** The pipeline
    (`tracekit/analysis/pipeline.py`: count spans and services, assemble requests, aggregate)
    runs in the single pass and in each worker of the parallel reader, on spans read by one
-   line loop (`json_lines` in `tracekit/analysis/readers.py`). A large (>= 64 MB per worker)
+   line loop (`json_lines` in `tracekit/analysis/readers/files.py`). A large (>= 64 MB per worker)
    uncompressed OTLP JSON Lines file is cut at line starts into one byte range per worker
    (`tracekit/analysis/readers/parallel.py`); each worker runs the pipeline on its range and the
    parent merges. The report is the one a single pass gives
@@ -412,13 +409,7 @@ same command in one process, for the same report). Where the CPU time goes, in o
    - the sample: each worker keeps its earliest 20,000 requests packed (msgpack) and sends
      their keys; the parent, range by range in file order, asks for those at or above the
      cut-off of the keys it has so far (later ranges can only raise it), and unpacks them
-     while the later ranges are still being read;
-   - the report's costly part, the rules and the replays, depends on the sample alone
-     (`tracekit.analysis.report.judge`), and the sample is complete once every range but
-     the last is in (the earliest requests are at the start of the file): the last range is
-     made longer than the others (`JUDGE_BYTES`), the parent judges the sample while it is
-     read, and the report uses that judgement if the last range changed nothing in the
-     sample (the same record objects), else judges the final sample.
+     while the later ranges are still being read.
    Smaller files, gzip, Jaeger JSON, a Jaeger query and in-memory spans are read in one
    process; `TRACEKIT_ANALYZE_WORKERS` sets the number of workers (1: one process).
 3. **Less work per span.** Model records are msgspec Structs (constructed in C); the

@@ -22,7 +22,6 @@ from tracekit.analysis.assembly.grouping import assemble
 from tracekit.analysis.readers import parallel as parallel_reader
 from tracekit.analysis.readers import read_spans
 from tracekit.analysis.readers.parallel import Settings, analyze_plan, plan_file, worker_count
-from tracekit.analysis.report import Judgement, build_report, judge
 from tracekit.analysis.slo import parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError, TraceFormatError
@@ -182,32 +181,6 @@ def test_a_bad_line_fails_with_the_message_of_one_pass(tmp_path: Path) -> None:
         in_parallel(path, SMALL, workers=3)
     assert str(parallel.value) == str(single.value)
     assert f"line {len(lines) * 2 // 3 + 1}" in str(parallel.value)
-
-
-@pytest.mark.parametrize("workers", [2, 3])
-def test_the_sample_judged_before_the_last_range_is_the_report_s(
-    tmp_path: Path, workers: int
-) -> None:
-    # The earliest requests are all in the first ranges: the sample is complete before the
-    # last range is, its judgement is the one the report uses, and the report is one pass's.
-    path = tmp_path / "t.jsonl"
-    gen_traces().write_jsonl(path, 6_000, batch_size=64)
-    settings = Settings(slo=parse_slo("ttft=300ms"), max_open_traces=200, flush_after=200,
-                        sample_size=300)  # fmt: skip
-    plan = plan_file(str(path), str(path), workers=workers, min_range_bytes=1)
-    assert plan is not None
-    *first, last = (b - a for a, b in zip(plan.bounds, plan.bounds[1:], strict=False))
-    assert last > max(first)  # the last range is longer: it is read while the sample is judged
-    judged: list[Judgement] = []
-    agg, found = analyze_plan(
-        plan, settings, lambda merged, matched: judged.append(judge(merged.sample(), None, merged.slo))
-    )
-    assert len(judged) == 1 and judged[0].fits(agg.sample(), None, agg.slo)
-    report = build_report(agg, source="t", spans=found.spans, services=found.services, judged=judged[0])
-    expected_agg, _ = one_pass(path, settings)
-    expected = build_report(expected_agg, source="t", spans=found.spans, services=found.services)
-    assert report.findings and report.to_dict() == expected.to_dict()
-    assert not judged[0].fits(expected_agg.sample(), None, agg.slo)  # other record objects
 
 
 def test_analyze_uses_the_workers_and_reports_the_same(

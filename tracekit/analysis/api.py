@@ -17,7 +17,7 @@ from typing import Any
 from tracekit.analysis.model import Span
 from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis.readers.common import ReadStats
-from tracekit.analysis.report import Judgement, Report, build_report, judge, rule_route
+from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError
@@ -118,22 +118,12 @@ def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Rep
     plan = parallel.plan_file(path, path, workers=parallel.worker_count())
     if plan is None:
         return None
-    judged: list[Judgement] = []
-
-    def judge_early(agg: Aggregator, matched: list[str]) -> None:
-        # The sample is usually complete before the last range is: judged meanwhile, on the
-        # CPU the other workers leave; build_report checks that it is the final sample.
-        judged.append(judge(agg.sample(), rule_route(matched if route is not None else None), slo))
-
     with _gc_paused():
         try:
-            agg, found = parallel.analyze_plan(plan, Settings(slo=slo, route=route), judge_early)
+            agg, found = parallel.analyze_plan(plan, Settings(slo=slo, route=route))
         except OSError:  # no worker process could be started here: one pass it is
             return None
-        report = _report(
-            agg, path, route, found.spans, found.services, found.matched, found.others,
-            judged[0] if judged else None,
-        )  # fmt: skip
+        report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)
     _warn(report, found.stats)
     return report
 
@@ -146,7 +136,6 @@ def _report(
     services: Iterable[str],
     matched: Iterable[str],
     others: Iterable[str],
-    judged: Judgement | None = None,
 ) -> Report:
     matched, others = list(matched), list(others)
     if route is not None and not matched and others:
@@ -159,7 +148,6 @@ def _report(
         spans=spans,
         services=sorted(services),
         routes=matched if route is not None else None,
-        judged=judged,
     )
 
 

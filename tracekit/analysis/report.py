@@ -4,17 +4,13 @@
 :class:`Report`: the route statistics, the findings of the rules run on the request sample,
 the replay model's self-check (``validation``), the slowest request as a waterfall
 (``slowest``) and an event-loop ``timeline`` of at most :data:`TIMELINE_REQUESTS` requests
-around the longest loop slice of the sample. The findings and the validation depend on the
-sample alone (:func:`judge`, a :class:`Judgement`): the parallel reader judges a sample
-before the statistics are final, and ``build_report`` takes that judgement when it was made
-on the very sample the report has. ``Report.to_dict()`` is the stable JSON schema
+around the longest loop slice of the sample. ``Report.to_dict()`` is the stable JSON schema
 (``docs/analyzer.md``); ``Report.from_dict`` reads it back, filling keys that older files
 lack with defaults.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +21,6 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Replayer
 from tracekit.analysis.rules import run_rules
 from tracekit.analysis.rules.findings import Finding, RuleContext, worst_severity
-from tracekit.analysis.slo import SLO
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import ConfigurationError
 
@@ -154,7 +149,6 @@ def build_report(
     services: Sequence[str],
     run_rules: bool = True,
     routes: Sequence[str] | None = None,
-    judged: Judgement | None = None,
 ) -> Report:
     """Finish an analysis: route statistics, findings, validation, waterfall and timeline.
 
@@ -166,8 +160,6 @@ def build_report(
         run_rules: run the rules and the replay on the sample (off for raw statistics).
         routes: report findings on these routes only (the ``route`` filter of ``analyze``;
             ``agg`` counted only them, its sample holds every route); ``None``: all.
-        judged: a judgement made earlier (:func:`judge`); used when it :meth:`~Judgement.fits`
-            the sample of ``agg``, else the sample is judged here.
 
     Returns:
         The report.
@@ -177,11 +169,7 @@ def build_report(
     findings: list[Finding] = []
     validation: dict[str, Any] | None = None
     if run_rules and sample and agg.requests:
-        route = rule_route(routes)
-        if judged is None or not judged.fits(sample, route, agg.slo):
-            judged = judge(sample, route, agg.slo)
-        findings = [f for f in judged.findings if routes is None or f.route in routes]
-        validation = judged.validation
+        findings, validation = _rules_and_validation(sample, route_dicts, agg, routes)
     return Report(
         source=source,
         requests=agg.requests,
@@ -198,61 +186,19 @@ def build_report(
     )
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """The rules' findings and the replay's self-check on one request sample.
-
-    They depend on the sample alone (and on the route the rules report on), not on the
-    route statistics: so a sample can be judged before the statistics are final, and the
-    judgement used if the final sample holds the very same records (:meth:`fits`).
-
-    Attributes:
-        sample: the requests judged, sorted by start (``Aggregator.sample()``).
-        route: the route the rules report on (``RuleContext.route``), or ``None``.
-        slo: the SLO the rules were given.
-        findings: every finding, before the report's route filter.
-        validation: the report's ``validation`` object.
-    """
-
-    sample: list[RequestRecord]
-    route: str | None
-    slo: SLO | None
-    findings: list[Finding]
-    validation: dict[str, Any]
-
-    def fits(self, sample: Sequence[RequestRecord], route: str | None, slo: SLO | None) -> bool:
-        """Whether this is the judgement of ``sample``: the same record objects in the same
-        order, judged for the same route and SLO. Cost: one identity test per request."""
-        return (
-            self.route == route
-            and self.slo == slo
-            and len(self.sample) == len(sample)
-            and all(map(operator.is_, self.sample, sample))
-        )
-
-
-def judge(sample: list[RequestRecord], route: str | None = None, slo: SLO | None = None) -> Judgement:
-    """Validate the replay on ``sample`` and run the rules (projecting their fixes).
-
-    Args:
-        sample: the request sample, sorted by start.
-        route: the route the rules report on (:func:`rule_route`), or ``None``.
-        slo: the SLO targets, if any.
-
-    Returns:
-        The :class:`Judgement`. Cost: the replays (the as-recorded one and one per
-        projection) and the rules' passes over the sample.
-    """
+def _rules_and_validation(
+    sample: list[RequestRecord],
+    route_dicts: list[dict[str, Any]],
+    agg: Aggregator,
+    only: Sequence[str] | None,
+) -> tuple[list[Finding], dict[str, Any] | None]:
+    single = only[0] if only is not None and len(only) == 1 else None
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
     replayer = Replayer()
-    ctx = RuleContext(route=route, slo=slo, project=replayer.project)
+    ctx = RuleContext(route=single, routes=route_dicts, slo=agg.slo, project=replayer.project)
     validation: dict[str, Any] = replayer.validate(sample).to_dict()
-    return Judgement(sample, route, slo, run_rules(sample, ctx), validation)
-
-
-def rule_route(routes: Sequence[str] | None) -> str | None:
-    """The route the rules report on: the one route of the ``route`` filter, else ``None``."""
-    return routes[0] if routes is not None and len(routes) == 1 else None
+    found = [f for f in run_rules(sample, ctx) if only is None or f.route in only]
+    return found, validation
 
 
 def waterfall(req: RequestRecord) -> dict[str, Any]:

@@ -18,12 +18,6 @@ a single pass gives (a test compares whole reports):
 - The sample: each worker sends the sort keys of its kept requests; the parent asks it for
   those at or above the cut-off of the earliest ``sample_size`` among the keys it has so
   far (the ranges in file order): a superset of what the overall sample takes from it.
-- The report's costly part, the rules and the replays, depends on the sample alone
-  (:func:`tracekit.analysis.report.judge`), and the sample is nearly always complete once
-  every range but the last is in: the earliest requests are at the start of the file. So
-  the last range is made longer than the others, and the caller's ``before_last`` judges
-  the sample so far on the CPU the other workers leave, while the last range is still read;
-  the report uses that judgement only if the last range changed nothing in the sample.
 
 Errors stay those of a single pass: the first failing range in file order raises its
 one-line error (line numbers are counted from the start of the file when a message needs one).
@@ -47,7 +41,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -65,10 +58,6 @@ __all__ = ["ENV_WORKERS", "Partial", "Plan", "Settings", "analyze_plan", "plan_f
 MIN_RANGE_BYTES = 64 * 2**20
 #: Most worker processes.
 MAX_WORKERS = 16
-#: How much longer the last byte range is than the others (at most half a range): about the
-#: bytes of tracekit's OTLP JSON Lines that take as long to read as unpacking and judging a
-#: full 20,000-request sample, which the parent does while the last range is read.
-JUDGE_BYTES = 128 * 2**20
 ENV_WORKERS = "TRACEKIT_ANALYZE_WORKERS"
 
 
@@ -126,11 +115,9 @@ def plan_file(
                 return None
             if otlp_spans(first.removeprefix(BOM), ReadStats(), name) is None:
                 return None
-            # The ranges before the last are shorter by the bytes of a judgement (JUDGE_BYTES).
-            extra = min(JUDGE_BYTES, size // (2 * count))
             bounds = [0]
             for k in range(1, count):
-                file.seek(max((size - extra) * k // count - 1, bounds[-1]))
+                file.seek(max(size * k // count - 1, bounds[-1]))
                 file.readline()  # to the next line start
                 at = file.tell()
                 if bounds[-1] < at < size:
@@ -158,19 +145,8 @@ def _more_content(file: Any, limit: int) -> bool:
     return False
 
 
-def analyze_plan(
-    plan: Plan,
-    settings: Settings,
-    before_last: Callable[[Aggregator, list[str]], None] | None = None,
-) -> tuple[Aggregator, Partial]:
+def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
     """Run the workers of ``plan`` and merge what they found.
-
-    Args:
-        plan: the byte ranges.
-        settings: the pipeline's settings.
-        before_last: called once every range but the last is merged, with a full sample,
-            while the last range is still being read: with the merged aggregator and the
-            routes matched so far (it may read them, not change them).
 
     Returns:
         The merged aggregator (with the sample) and the merged :class:`Partial` (counts,
@@ -217,7 +193,7 @@ def analyze_plan(
     try:
         for k, connection in enumerate(connections):
             connection.send((plan, k, settings))
-        merged = _collect(settings, connections, before_last)
+        merged = _collect(settings, connections)
         done = True
         return merged
     finally:
@@ -239,11 +215,7 @@ _BOOT = (
 )
 
 
-def _collect(
-    settings: Settings,
-    connections: list[Connection],
-    before_last: Callable[[Aggregator, list[str]], None] | None,
-) -> tuple[Aggregator, Partial]:
+def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggregator, Partial]:
     # Range by range, in file order (so that the first failing range's error is raised):
     # its statistics, then its sample. A range's sample is asked for as soon as the range is
     # done, with the cut-off of the keys known so far: later ranges can only raise it, so
@@ -271,6 +243,7 @@ def _collect(
         if kind != "sample":
             _raise(kind, sample)
         merged.adopt_sample(sample)
+        del sample  # unpacked now: the packed copy is not held while later ranges are read
         total.spans += partial.spans
         total.stats.skipped += partial.stats.skipped
         total.stats.truncated += partial.stats.truncated
@@ -279,8 +252,6 @@ def _collect(
         services.update(dict.fromkeys(partial.services))
         matched.update(dict.fromkeys(partial.matched))
         others.update(dict.fromkeys(partial.others))
-        if k == len(connections) - 2 and before_last is not None and len(keys) >= settings.sample_size:
-            before_last(merged, list(matched))
     del total.stats.reasons[10:]
     total.services = list(services)[: settings.max_services]
     total.matched = list(matched)

@@ -13,6 +13,7 @@ order that failed is the one reported.
 from __future__ import annotations
 
 import contextlib
+import threading
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -86,16 +87,17 @@ def _work(
     pipeline = Pipeline(settings, pack_sample=True, continues=k > 0)
     stats = ReadStats(format="otlp-jsonl")
     handed_on = False
+    # The previous range's end state is taken as soon as it is sent, by a thread (blocked in
+    # the pipe read, it leaves the GIL to the reading): the previous worker then exits at
+    # once, where its write would otherwise hold it, and its memory, until this range is read.
+    received = _Receiver(previous) if previous is not None else None
     try:
         _read(plan, k, pipeline, stats)
         if following is None:
             # The file ends with this range: its own traces are flushed now, which frees the
             # window before the neighbour's state arrives (they never meet the set-aside ones).
             pipeline.finish()
-        try:
-            state = previous.recv_bytes() if previous is not None else pack(([], {}))
-        except EOFError:
-            state = b""
+        state = received.result() if received is not None else pack(([], {}))
         if not state:  # the previous range failed: its error is the one reported
             raise _Abandoned
         pipeline.continue_from(state)
@@ -130,6 +132,26 @@ def _work(
         if following is not None and not handed_on:
             with contextlib.suppress(OSError):
                 following.send_bytes(b"")
+
+
+class _Receiver:
+    """The bytes of one message from a connection, received by a thread of their own
+    (``b""`` when the sender closed it without sending)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._data = b""
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            self._data = self._connection.recv_bytes()
+
+    def result(self) -> bytes:
+        """The message, once it has come."""
+        self._thread.join()
+        return self._data
 
 
 def _tell(connection: Connection, message: Any) -> None:
