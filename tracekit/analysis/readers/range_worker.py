@@ -78,9 +78,8 @@ def _work(
     parent: Connection,
 ) -> None:
     # Read the range into the pipeline, take the previous range's end state, answer the
-    # parent, and only then hand this range's end state on: the next worker takes it once
-    # its own range is read, and a pipe write waits for that, where the parent can use this
-    # range's sample at once.
+    # parent (which unpacks this range's sample while later ranges are read), then hand
+    # this range's end state on.
     import gc
 
     gc.disable()  # as analyze() does: millions of acyclic objects, see api._gc_paused
