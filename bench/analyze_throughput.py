@@ -54,11 +54,11 @@ _HEADER = (
 
 PARSE = """
 import sys
-from tracekit.analysis.readers.otlp import _LINE
+from tracekit.analysis.readers.otlp_schema import LINE
 with open(sys.argv[1], "rb", buffering=4 * 2**20) as f:
     for line in f:
         if line.strip():
-            _LINE.decode(line)
+            LINE.decode(line)
 """
 PHASES = """
 import gc, itertools, json, sys, time

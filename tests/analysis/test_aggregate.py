@@ -113,6 +113,27 @@ def test_route_statistics_latency_errors_throughput_and_stages() -> None:
     assert agg.slowest is not None and agg.slowest.wall_ms == pytest.approx(100.0)
 
 
+def test_a_stage_name_of_two_kinds_takes_the_kind_of_its_earliest_instance() -> None:
+    # In any order, and merged from parts: the kind does not follow the order of arrival.
+    early = request("GET /a", 0, 10, [stage("db", 1, 2, kind="client")])
+    late = request("GET /a", 100, 110, [stage("db", 101, 102, kind="internal")])
+    tie = [request("GET /a", 200, 210, [stage("q", 201, 202, kind=kind)]) for kind in ("z", "b")]
+    results = []
+    for order in ([early, late, *tie], [late, *tie[::-1], early]):
+        agg = Aggregator()
+        for req in order:
+            agg.add(req)
+        results.append(agg.routes())
+    parts = [Aggregator(), Aggregator()]
+    for part, req in zip([0, 1, 1, 0], [late, early, tie[0], tie[1]], strict=True):
+        parts[part].add(req)
+    parts[0].merge(parts[1])
+    results.append(parts[0].routes())
+    assert results[0] == results[1] == results[2]
+    kinds = {row["stage"]: row["kind"] for row in results[0][0]["stages"]}
+    assert kinds == {"db": "client", "q": "b"}
+
+
 def test_uninstrumented_routes_have_a_null_breakdown() -> None:
     agg = Aggregator()
     agg.add(request("GET /dispatch", 0, 10, [stage("HTTP GET", 1, 2, span_kind="client")],

@@ -11,11 +11,11 @@
 - an iterable of in-memory spans: OpenTelemetry SDK ``ReadableSpan`` objects (duck-typed,
   no OpenTelemetry import) or :class:`~tracekit.analysis.model.Span` objects (passed through).
 
-Files may be gzip-compressed. JSON Lines are read one line at a time (:func:`json_lines`,
-the loop the parallel reader's workers run too), so memory does not grow with the file. A
-single JSON document is held whole as bytes, but only its containers are decoded up front:
-each span (OTLP) or trace (Jaeger) is parsed when it is reached, so the memory is about the
-file's size. OTLP JSON is decoded by msgspec into typed structs
+Files may be gzip-compressed (:mod:`tracekit.analysis.readers.files`). JSON Lines are read
+one line at a time (:func:`json_lines`, the loop the parallel reader's workers run too), so
+memory does not grow with the file. A single JSON document is held whole as bytes, but only
+its containers are decoded up front: each span (OTLP) or trace (Jaeger) is parsed when it
+is reached, so the memory is about the file's size. OTLP JSON is decoded by msgspec into typed structs
 (:mod:`tracekit.analysis.readers.otlp`); Jaeger JSON is parsed by orjson into dicts
 (:mod:`tracekit.analysis.readers.jaeger`). A last line cut short (no newline, not JSON: a file
 still being written) is skipped and counted (``stats.cut_tail_bytes``); a bad line anywhere
@@ -31,55 +31,27 @@ saying so. Malformed individual spans are skipped and counted in the stream's
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import itertools
 import os
 import stat
-import zlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import msgspec
-import orjson
 
 from tracekit.analysis.model import Span
-from tracekit.analysis.readers.common import (
-    SPAN_ERRORS,
-    NotJson,
-    ReadStats,
-    loads,
-    not_json,
-    one_line,
-    utf8_error,
-)
-from tracekit.analysis.readers.jaeger import is_jaeger, jaeger_document, jaeger_spans
+from tracekit.analysis.readers.common import ReadStats, not_json
+from tracekit.analysis.readers.files import check_utf8, file_chunks, guard, json_lines, parse_json
+from tracekit.analysis.readers.jaeger import jaeger_document, jaeger_spans
 from tracekit.analysis.readers.jaeger_api import fetch, is_url, limits, query_url
 from tracekit.analysis.readers.memory import memory_spans
-from tracekit.analysis.readers.otlp import line_spans, otlp_spans
-from tracekit.errors import (
-    ConfigurationError,
-    SourceError,
-    SourceNotFoundError,
-    TraceFormatError,
-    TracekitError,
-)
+from tracekit.errors import ConfigurationError, SourceNotFoundError
 
-__all__ = ["FORMATS", "ReadStats", "SpanStream", "detect_format", "read_spans"]
+__all__ = ["FORMATS", "ReadStats", "SpanStream", "detect_format", "json_lines", "read_spans"]
 
 #: What :func:`detect_format` returns for files.
 FORMATS = ("otlp-json", "otlp-jsonl", "jaeger-json", "jaeger-jsonl")
 _DEFAULT_LOOKBACK = "1h"
-_BOM = b"\xef\xbb\xbf"
-_GZIP_MAGIC = b"\x1f\x8b"
-# A possibly long first line is read a MiB at a time.
-_PIECE = 2**20
-# A single document's spans are handed on in runs of this many.
-_RUN = 4096
-# Decodes any JSON value to a view of it: checks the JSON, builds nothing.
-_JSON_VALUE = msgspec.json.Decoder(msgspec.Raw)
-_TRUNCATED = "Input data was truncated"
 
 
 class SpanStream(Iterator[Span]):
@@ -154,10 +126,10 @@ def read_spans(
             url = query_url(name, service, lookback, limit)
             seconds, max_bytes = limits(timeout, max_response_mb)
             spans = _api_spans(url, stats, seconds, max_bytes)
-            return SpanStream(_guard(spans, url), name, stats)
+            return SpanStream(guard(spans, url), name, stats)
         _reject_query_options(service, lookback, limit, timeout, max_response_mb)
         path = _readable(name)
-        return SpanStream(_flat(_guard(_file_chunks(path, name, stats), name)), name, stats)
+        return SpanStream(_flat(guard(file_chunks(path, name, stats), name)), name, stats)
     if isinstance(source, bytearray | Mapping) or not isinstance(source, Iterable):
         raise ConfigurationError(
             f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
@@ -182,7 +154,7 @@ def detect_format(path: str | bytes | os.PathLike[str]) -> str:
     """
     name = os.fsdecode(path)
     stats = ReadStats()
-    chunks = _guard(_file_chunks(_readable(name), name, stats), name)
+    chunks = guard(file_chunks(_readable(name), name, stats), name)
     try:
         next(chunks, None)  # the first document (or line) gives the format
     finally:
@@ -227,46 +199,15 @@ def _readable(name: str) -> Path:
     return path
 
 
-def _guard(spans: Iterator[Any], name: str) -> Generator[Any, None, None]:
-    # The one place where stray exceptions become one-line TracekitErrors.
-    try:
-        yield from spans
-    except TracekitError:
-        raise
-    except MemoryError as exc:
-        # What held the memory is released by now (the readers' frames are gone).
-        raise SourceError(_out_of_memory(name)) from exc
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceFormatError(f"{name}: corrupt gzip data ({one_line(str(exc), 120)})") from exc
-    except OSError as exc:
-        raise SourceNotFoundError(f"{name}: cannot read ({exc.strerror or exc})") from exc
-    except RecursionError as exc:
-        raise TraceFormatError(f"{name}: JSON nested too deeply") from exc
-    except (*SPAN_ERRORS, UnicodeError) as exc:
-        why = one_line(f"{type(exc).__name__}: {exc}", 160)
-        raise TraceFormatError(f"{name}: unreadable trace data ({why})") from exc
-
-
-def _out_of_memory(name: str) -> str:
-    try:
-        size = f" ({os.stat(name).st_size / 1e6:,.0f} MB)" if not is_url(name) else ""
-    except OSError:
-        size = ""
-    return (
-        f"out of memory reading {name}{size}: a single JSON document is held in memory "
-        "whole; JSON Lines is read in bounded memory"
-    )
-
-
 def _api_spans(url: str, stats: ReadStats, timeout: float, max_bytes: int) -> Iterator[Span]:
     body = fetch(url, timeout, max_bytes)
     stats.format = "jaeger-api"
-    _check_utf8(body, url)
+    check_utf8(body, url)
     try:
         spans = jaeger_document(body, stats, url)
     except msgspec.DecodeError as exc:
         raise not_json(body, url, exc) from None
-    yield from spans if spans is not None else jaeger_spans(_parse(body, url, whole=True), stats, url)
+    yield from spans if spans is not None else jaeger_spans(parse_json(body, url, whole=True), stats, url)
 
 
 def _flat(chunks: Iterator[list[Span]]) -> Iterator[Span]:
@@ -277,208 +218,3 @@ def _flat(chunks: Iterator[list[Span]]) -> Iterator[Span]:
         chunks.close()  # type: ignore[attr-defined]
 
 
-# --- reading a file -------------------------------------------------------------------------
-def _file_chunks(path: Path, name: str, stats: ReadStats) -> Iterator[list[Span]]:
-    """The spans of a trace file, in lists (a JSON Lines line's, or a run of a document's).
-
-    A file whose first non-blank line is a complete JSON value followed by more content is
-    JSON Lines (:func:`json_lines`). Anything else is one document (pretty-printed JSON, or a
-    single line), held whole as bytes (:func:`_document`).
-    """
-    regular = stat.S_ISREG(path.stat().st_mode)  # a pipe cannot seek back
-    with _open(path) as file:
-        lineno, first = _first_content(file)
-        if not first:
-            raise TraceFormatError(f"{name}: empty file")
-        if first.startswith(_BOM):
-            del first[: len(_BOM)]
-        second_no, second = _next_content(file, lineno)
-        if not second:
-            yield from _document(first, name, stats)
-            return
-        try:
-            _JSON_VALUE.decode(first)  # checks the JSON, builds nothing
-        except msgspec.DecodeError as exc:
-            if str(exc) != _TRUNCATED:
-                # The first line is wrong in itself, so is any document it starts: say so
-                # now rather than read the rest (200 MB of garbage need not be held).
-                raise not_json(first, f"{name}: line {lineno}", exc, line=True) from None
-            # One document over several lines (pretty-printed), read whole. From a pipe, the
-            # lines read so far are put back in front instead.
-            if regular:
-                file.seek(0)
-                data = file.read().removeprefix(_BOM)
-            else:
-                gap = b"\n" * (second_no - lineno - 1)
-                data = b"\n" * (lineno - 1) + first + gap + second + file.read()
-            yield from _document(data, name, stats)
-            return
-        # The lines read so far go first, blank ones included, so that lines are numbered.
-        lines: Iterator[bytes | bytearray] = itertools.chain(
-            [b"\n"] * (lineno - 1), [first], [b"\n"] * (second_no - lineno - 1), [second], file
-        )
-        yield from json_lines(lines, stats, lambda index: f"{name}: line {index + 1}")
-
-
-def json_lines(
-    lines: Iterable[bytes | bytearray], stats: ReadStats, where: Callable[[int], str]
-) -> Iterator[list[Span]]:
-    """The spans of each line of a JSON Lines file of OTLP or Jaeger JSON, a list per line.
-
-    The one loop over JSON Lines: the single pass runs it on a whole file, each worker of the
-    parallel reader (:mod:`tracekit.analysis.readers.parallel`) on its byte range. A line goes
-    through the OTLP decoder's fast path (:func:`~tracekit.analysis.readers.otlp.line_spans`),
-    else is read span by span (:func:`_line`). A last line cut short (no newline, not JSON:
-    a file still being written) ends the loop and is counted in ``stats.cut_tail_bytes``;
-    a line that is not JSON anywhere else is an error.
-
-    Args:
-        lines: the lines, each with its newline, from the start of the file or of a range.
-        stats: receives the format (if not set yet), skip and cut counts.
-        where: the place of the line at an index of ``lines``, for messages (called only
-            for a line that needs one).
-
-    Raises:
-        TraceFormatError: a line that is not JSON, or not a trace document.
-    """
-    for index, line in enumerate(lines):
-        if line.isspace():
-            continue
-        spans = line_spans(line, stats)
-        if spans is None:
-            try:
-                spans = _line(line, where(index), stats)
-            except NotJson:
-                if line.endswith(b"\n"):
-                    raise
-                stats.cut_tail_bytes = len(line)
-                return
-        elif not stats.format:
-            stats.format = "otlp-jsonl"
-        yield spans
-
-
-def _line(line: bytes | bytearray, where: str, stats: ReadStats) -> list[Span]:
-    # A line the fast path declined: OTLP read span by span, else Jaeger JSON, else an error.
-    _check_utf8(line, where, " of the line")
-    try:
-        spans = otlp_spans(line, stats, where)
-    except msgspec.DecodeError as exc:
-        raise not_json(line, where, exc, line=True) from None
-    family = "otlp"
-    if spans is None:
-        family = "jaeger"
-        spans = jaeger_spans(_jaeger(_parse(line, where), where), stats, where)
-    if not stats.format:
-        stats.format = f"{family}-jsonl"
-    return list(spans)
-
-
-def _document(data: bytes | bytearray, where: str, stats: ReadStats) -> Iterator[list[Span]]:
-    """The spans of a file that is one JSON document, in runs of ``_RUN`` spans.
-
-    Read in about the document's size of memory: only its containers are decoded up front,
-    each span (OTLP) or trace (Jaeger) when it is reached. Documents of other shapes, which
-    are errors or tiny (a bare Jaeger trace, an API error), are parsed whole.
-    """
-    _check_utf8(data, where)
-    try:
-        family, spans = "otlp", otlp_spans(data, stats, where)
-        if spans is None:
-            family, spans = "jaeger", jaeger_document(data, stats, where)
-    except msgspec.DecodeError as exc:  # not JSON (a wrong shape is not an error here)
-        raise not_json(data, where, exc) from None
-    if spans is None:
-        spans = jaeger_spans(_jaeger(_parse(data, where, whole=True), where), stats, where)
-    stats.format = f"{family}-json"
-    yield []  # the format is known (detect_format stops here)
-    while chunk := list(itertools.islice(spans, _RUN)):
-        yield chunk
-
-
-def _jaeger(doc: Any, where: str) -> Any:
-    # A parsed document that is not OTLP (the OTLP decoder said so): Jaeger JSON, or an error
-    # saying what it is.
-    if is_jaeger(doc):
-        return doc
-    if type(doc) is dict and type(doc.get("error")) is dict:
-        # Jaeger API v3 streams {"error": {"httpCode", "message"}} in place of a result.
-        message = one_line(str(doc["error"].get("message", doc["error"])), 160)
-        raise TraceFormatError(f"{where}: holds a Jaeger API error, not traces: {message}")
-    raise TraceFormatError(f"{where}: neither OTLP JSON nor Jaeger JSON ({_describe(doc)})")
-
-
-def _describe(doc: Any) -> str:
-    if type(doc) is dict:
-        keys = ", ".join(one_line(str(key), 30) for key in list(doc)[:5])
-        return f"an object with keys {keys}" if keys else "an empty object"
-    return f"a JSON {type(doc).__name__}"
-
-
-def _check_utf8(data: bytes | bytearray, where: str, of: str = "") -> None:
-    # msgspec does not check the UTF-8 of what it skips.
-    at = utf8_error(data)
-    if at is not None:
-        raise NotJson(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
-
-
-@contextlib.contextmanager
-def _open(path: Path) -> Iterator[IO[bytes]]:
-    with path.open("rb") as raw:
-        # peek() does not consume, so a pipe can be sniffed as well as a file.
-        if raw.peek(2)[:2] == _GZIP_MAGIC:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-                yield cast(IO[bytes], unzipped)
-        else:
-            yield raw
-
-
-def _first_content(file: IO[bytes]) -> tuple[int, bytearray]:
-    # As _next_content, for the first line: the whole file when it is one document on one
-    # line. Read in pieces into one growing buffer, it is held once (readline() holds a long
-    # line twice while it joins the pieces).
-    lineno = 0
-    while True:
-        line = bytearray()
-        while piece := file.readline(_PIECE):
-            line += piece
-            if piece.endswith(b"\n"):
-                break
-        lineno += 1
-        if not line or not line.isspace():
-            return lineno, line
-
-
-def _next_content(file: IO[bytes], lineno: int) -> tuple[int, bytes]:
-    # The next non-blank line and its 1-based number; b"" at the end of the file.
-    while True:
-        line = file.readline()
-        lineno += 1
-        if not line or not line.isspace():
-            return lineno, line
-
-
-def _parse(data: bytes | bytearray | memoryview, where: str, *, whole: bool = False) -> Any:
-    # Jaeger JSON, and documents of other shapes, as dicts (orjson).
-    try:
-        return loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise _parse_error(data, where, exc, whole) from exc
-
-
-def _parse_error(
-    data: bytes | bytearray | memoryview, where: str, exc: orjson.JSONDecodeError, whole: bool
-) -> NotJson:
-    if exc.msg == "unexpected end of data":
-        return NotJson(f"{where}: truncated JSON (ends after {len(data)} bytes)")
-    if whole and exc.msg == "Input is a zero-length, empty document":
-        return NotJson(f"{where}: empty file")
-    at = utf8_error(data)
-    if at is not None:  # orjson's words for it ("surrogates not allowed") say nothing useful
-        of = "" if whole else " of the line"
-        return NotJson(f"{where}: not valid JSON (invalid UTF-8 at byte {at + 1}{of})")
-    if whole:
-        return NotJson(
-            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        )
-    return NotJson(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")

@@ -6,14 +6,16 @@ integers (times in nanoseconds, ``intValue``) as decimal strings or JSON numbers
 numbers or as strings (``"NaN"``, ``"Infinity"``), enums as integers or names; unknown
 fields are ignored.
 
-msgspec decodes the JSON straight into the structs below, which hold only what the analyzer
-reads, checking every type as it goes and skipping unknown fields in C. Its lax mode
+msgspec decodes the JSON straight into the structs of
+:mod:`~tracekit.analysis.readers.otlp_schema`, which hold only what the analyzer reads,
+checking every type as it goes and skipping unknown fields in C. Its lax mode
 (``strict=False``) reads numbers given as strings, as proto3 JSON allows for integers and
-doubles (it also takes ``1`` or ``"true"`` for a bool). The conversion to
-:class:`Span` then normalises ids and times, applies the value limits of
-:mod:`tracekit.analysis.readers.common` (cuts are counted), and shares repeated strings
-(:func:`~tracekit.analysis.assembly.request_records.share`: a span waits in the assembly window for
-~10,000 more, and one shared string per distinct key or short text halves what it holds).
+doubles (it also takes ``1`` or ``"true"`` for a bool). The conversion to :class:`Span` then
+normalises ids and times, applies the value limits of :mod:`tracekit.analysis.readers.common`
+(cuts are counted), and shares repeated strings
+(:func:`~tracekit.analysis.assembly.request_records.share`: a span waits in the assembly
+window for ~10,000 more, and one shared string per distinct key or short text halves what it
+holds).
 
 One decoding, at two granularities:
 
@@ -38,7 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgspec
-from msgspec import UNSET, Raw, Struct, UnsetType
+from msgspec import UNSET, Raw
 
 from tracekit import semconv
 from tracekit.analysis.assembly.request_records import share, shared
@@ -61,6 +63,21 @@ from tracekit.analysis.readers.common import (
     span_id,
     trace_id,
 )
+from tracekit.analysis.readers.otlp_schema import (
+    ABSENT,
+    CONTAINERS,
+    ENVELOPE,
+    JSON_CHECK,
+    LINE,
+    RESOURCE,
+    SPAN,
+    AnyValue,
+    KeyValue,
+    OtlpEvent,
+    OtlpSpan,
+    RawResourceSpans,
+    Resource,
+)
 from tracekit.errors import TraceFormatError
 
 __all__ = ["attributes", "line_spans", "otlp_spans"]
@@ -70,110 +87,6 @@ _ZERO_SPAN = "0" * 16
 _KINDS: dict[object, str] = dict(enumerate(SPAN_KINDS))
 _KINDS.update({f"SPAN_KIND_{name.upper()}": name for name in SPAN_KINDS})
 _ERROR_CODES = (2, "STATUS_CODE_ERROR")
-
-
-# --- what msgspec decodes ---------------------------------------------------------------------
-class _AnyValue(Struct, gc=False, forbid_unknown_fields=True):
-    doubleValue: float | UnsetType = UNSET
-    stringValue: str | UnsetType = UNSET
-    intValue: int | UnsetType = UNSET
-    boolValue: bool | UnsetType = UNSET
-    arrayValue: _ArrayValue | UnsetType = UNSET
-    kvlistValue: _KeyValueList | UnsetType = UNSET
-    bytesValue: str | UnsetType = UNSET  # base64 text, kept as given
-
-
-class _ArrayValue(Struct, gc=False):
-    values: list[_AnyValue] | None = None
-
-
-class _KeyValueList(Struct, gc=False):
-    values: list[_KeyValue] | None = None
-
-
-class _KeyValue(Struct, gc=False):
-    key: str
-    value: _AnyValue
-
-
-class _Event(Struct, gc=False):
-    timeUnixNano: int = 0
-    name: str = ""
-    attributes: list[_KeyValue] | None = None
-
-
-class _Status(Struct, gc=False):
-    code: int | str | None = None
-
-
-class _Span(Struct, gc=False, kw_only=True):
-    # In the order the OTel SDKs and tracekit's exporter write them.
-    traceId: str
-    spanId: str
-    name: str = ""
-    kind: int | str | None = 0
-    startTimeUnixNano: int
-    endTimeUnixNano: int
-    attributes: list[_KeyValue] | None = None
-    parentSpanId: str | None = None
-    events: list[_Event] | None = None
-    status: _Status | None = None
-
-
-class _Resource(Struct, gc=False):
-    attributes: list[_KeyValue] | None = None
-
-
-class _ScopeSpans(Struct, gc=False):
-    spans: list[_Span] | None = None
-
-
-class _ResourceSpans(Struct, gc=False):
-    resource: _Resource | None = None
-    scopeSpans: list[_ScopeSpans] | UnsetType | None = UNSET
-    # The name before OTLP 0.15, still written by old SDKs.
-    instrumentationLibrarySpans: list[_ScopeSpans] | None = None
-
-
-class _Envelope(Struct, gc=False):
-    resourceSpans: list[_ResourceSpans] | UnsetType | None = UNSET
-
-
-class _TracesData(Struct, gc=False):
-    resourceSpans: list[_ResourceSpans] | UnsetType | None = UNSET
-    result: _Envelope | UnsetType = UNSET  # the Jaeger API v3 envelope
-
-
-# The same containers, each span (and resource) kept as raw JSON, a view of the input.
-_NULL = Raw(b"null")
-_ABSENT = Raw(b"")
-
-
-class _RawScopeSpans(Struct, gc=False):
-    spans: list[Raw] | None = None
-
-
-class _RawResourceSpans(Struct, gc=False):
-    resource: Raw = _NULL
-    scopeSpans: list[_RawScopeSpans] | UnsetType | None = UNSET
-    instrumentationLibrarySpans: list[_RawScopeSpans] | None = None
-
-
-class _RawEnvelope(Struct, gc=False):
-    resourceSpans: list[_RawResourceSpans] | UnsetType | None = UNSET
-
-
-class _RawTracesData(Struct, gc=False):
-    resourceSpans: list[_RawResourceSpans] | UnsetType | None = UNSET
-    result: Raw = _ABSENT
-
-
-_LINE = msgspec.json.Decoder(_TracesData, strict=False)
-_CONTAINERS = msgspec.json.Decoder(_RawTracesData, strict=False)
-_ENVELOPE = msgspec.json.Decoder(_RawEnvelope, strict=False)
-_SPAN = msgspec.json.Decoder(_Span, strict=False)
-_RESOURCE = msgspec.json.Decoder(_Resource | None, strict=False)
-_JSON = msgspec.json.Decoder(Raw)  # checks JSON, builds nothing
 
 
 # --- the two granularities --------------------------------------------------------------------
@@ -199,7 +112,7 @@ def line_spans(line: bytes | bytearray, stats: ReadStats) -> list[Span] | None:
             return None
     truncated = stats.truncated
     try:
-        doc = _LINE.decode(line)
+        doc = LINE.decode(line)
         resource_spans = doc.resourceSpans
         if resource_spans is UNSET:
             if doc.result is UNSET or doc.result.resourceSpans is UNSET:
@@ -240,16 +153,16 @@ def otlp_spans(
             (at once).
     """
     try:
-        doc = _CONTAINERS.decode(data)
+        doc = CONTAINERS.decode(data)
     except msgspec.ValidationError as exc:
         _not_otlp(exc, data, where, "")
         return None
     resource_spans = doc.resourceSpans
     if resource_spans is UNSET:
-        if doc.result is _ABSENT:
+        if doc.result is ABSENT:
             return None
         try:
-            envelope = _ENVELOPE.decode(doc.result)
+            envelope = ENVELOPE.decode(doc.result)
         except msgspec.ValidationError as exc:
             _not_otlp(exc, data, where, "result.")
             return None
@@ -260,12 +173,12 @@ def otlp_spans(
 
 
 def _each_span(
-    resource_spans: list[_RawResourceSpans], stats: ReadStats, where: str
+    resource_spans: list[RawResourceSpans], stats: ReadStats, where: str
 ) -> Iterator[Span]:
     for r, rs in enumerate(resource_spans):
         here = f"resourceSpans[{r}]"
         try:
-            resource = _RESOURCE.decode(rs.resource)
+            resource = RESOURCE.decode(rs.resource)
         except msgspec.ValidationError:
             resource = None
         service = _service(resource, stats)
@@ -280,9 +193,9 @@ def _each_span(
                     stats.skip(f"{where}: {here}.scopeSpans[{s}].spans[{i}]", exc)
 
 
-def _decoded(raw: Raw) -> _Span:
+def _decoded(raw: Raw) -> OtlpSpan:
     try:
-        return _SPAN.decode(raw)
+        return SPAN.decode(raw)
     except msgspec.ValidationError as exc:
         raise BadSpan(_why(exc)) from None
 
@@ -301,7 +214,7 @@ def _not_otlp(exc: msgspec.ValidationError, data: bytes | bytearray, where: str,
         return
     # msgspec stops at the first value of the wrong type: data that is not JSON at all
     # further on is that first (msgspec.DecodeError).
-    _JSON.decode(data)
+    JSON_CHECK.decode(data)
     expected = found[1].split(" | ")[0]
     what = _TYPES.get(expected, expected)
     raise TraceFormatError(f"{where}: {prefix}{found[3]} is not {what}") from None
@@ -316,7 +229,7 @@ def _why(exc: msgspec.ValidationError) -> str:
 
 
 # --- conversion to Span -----------------------------------------------------------------------
-def _service(resource: _Resource | None, stats: ReadStats) -> str:
+def _service(resource: Resource | None, stats: ReadStats) -> str:
     if resource is None or not resource.attributes:
         return ""
     try:
@@ -326,7 +239,7 @@ def _service(resource: _Resource | None, stats: ReadStats) -> str:
     return name if type(name) is str else str(name)
 
 
-def _span(raw: _Span, service: str, stats: ReadStats) -> Span:
+def _span(raw: OtlpSpan, service: str, stats: ReadStats) -> Span:
     start = raw.startTimeUnixNano
     end = raw.endTimeUnixNano
     if not 0 < start <= end <= MAX_NS:
@@ -369,7 +282,7 @@ def _span(raw: _Span, service: str, stats: ReadStats) -> Span:
     )
 
 
-def attributes(kvs: list[_KeyValue], stats: ReadStats, depth: int = 0) -> dict[str, Any]:
+def attributes(kvs: list[KeyValue], stats: ReadStats, depth: int = 0) -> dict[str, Any]:
     """A typed attribute dict from decoded ``KeyValue``s (the last duplicate wins).
 
     Args:
@@ -413,7 +326,7 @@ def attributes(kvs: list[_KeyValue], stats: ReadStats, depth: int = 0) -> dict[s
     return out
 
 
-def _value(value: _AnyValue, stats: ReadStats, depth: int) -> Any:
+def _value(value: AnyValue, stats: ReadStats, depth: int) -> Any:
     # Any value, containers first; None for an empty one.
     if depth >= MAX_VALUE_DEPTH:
         raise BadSpan("attribute value nested too deeply")
@@ -438,7 +351,7 @@ def _value(value: _AnyValue, stats: ReadStats, depth: int) -> Any:
     return None if x is UNSET else _text(x, stats)
 
 
-def _array(items: list[_AnyValue] | None, stats: ReadStats, depth: int) -> list[Any]:
+def _array(items: list[AnyValue] | None, stats: ReadStats, depth: int) -> list[Any]:
     if not items:
         return []
     if len(items) > MAX_ARRAY_ITEMS:
@@ -456,7 +369,7 @@ def _text(value: str, stats: ReadStats) -> str:
     return clip(value, stats) if len(value) > MAX_VALUE_CHARS else value
 
 
-def _events(events: list[_Event], stats: ReadStats) -> list[Event]:
+def _events(events: list[OtlpEvent], stats: ReadStats) -> list[Event]:
     out = []
     for event in events:
         time_ns = event.timeUnixNano

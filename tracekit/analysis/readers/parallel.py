@@ -1,10 +1,11 @@
 """``tracekit analyze`` of a large OTLP JSON Lines file on every core: byte ranges, one process each.
 
-The file is cut at line starts into one byte range per worker process. Each worker reads its
-range with the readers' line loop (:func:`tracekit.analysis.readers.json_lines`) and runs the
-pipeline of the single pass on it (:class:`tracekit.analysis.pipeline.Pipeline`); the
-parent merges the aggregates (:meth:`Aggregator.merge`) and ``tracekit.analyze`` builds the
-report. The result is the one a single pass gives (a test compares whole reports):
+The file is cut at line starts into one byte range per worker process (:func:`plan_file`).
+Each worker (:mod:`tracekit.analysis.readers.range_worker`) reads its range with the
+readers' line loop and runs the pipeline of the single pass on it
+(:class:`tracekit.analysis.pipeline.Pipeline`); the parent merges the aggregates
+(:meth:`Aggregator.merge`) and ``tracekit.analyze`` builds the report. The result is the one
+a single pass gives (a test compares whole reports):
 
 - Assembly decides from positions only (:mod:`tracekit.analysis.assembly.grouping`), and what happens
   to a trace before a boundary can matter for at most ``Window.reach`` spans after it. So
@@ -35,25 +36,19 @@ Python: about a second for 20,000, mostly while the last range is still being re
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import os
 import socket
 import subprocess
 import sys
-import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from tracekit.analysis.model import Span
-from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
-from tracekit.analysis.readers import _guard, json_lines
+from tracekit.analysis.pipeline import Settings
 from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.readers.otlp import otlp_spans
-from tracekit.analysis.readers.packing import pack
+from tracekit.analysis.readers.range_worker import BOM, Partial, Plan
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import TracekitError
 
@@ -64,33 +59,6 @@ MIN_RANGE_BYTES = 64 * 2**20
 #: Most worker processes.
 MAX_WORKERS = 16
 ENV_WORKERS = "TRACEKIT_ANALYZE_WORKERS"
-# A worker's read buffer holds whole lines (~500 kB each from tracekit's exporter): reading
-# a line is then one copy, where the default 8 kB buffer gathers it piece by piece.
-_BUFFER_BYTES = 4 * 2**20
-_BOM = b"\xef\xbb\xbf"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Where the workers' byte ranges start and end (``bounds[k]`` .. ``bounds[k + 1]``)."""
-
-    path: str
-    name: str
-    bounds: tuple[int, ...]
-
-
-@dataclass
-class Partial:
-    """What a worker sends the parent once its range is done (the sample follows apart)."""
-
-    aggregator: Aggregator
-    stats: ReadStats
-    spans: int
-    services: list[str]
-    matched: list[str]
-    others: list[str]
-    sample_keys: list[Any] = field(default_factory=list)
-    orphans: tuple[int, int] = (0, 0)  # Pipeline.orphans
 
 
 def worker_count(requested: int | None = None) -> int:
@@ -145,7 +113,7 @@ def plan_file(
             first = _first_line(file, size // count)
             if first is None or not _more_content(file, size // count):
                 return None
-            if otlp_spans(first.removeprefix(_BOM), ReadStats(), name) is None:
+            if otlp_spans(first.removeprefix(BOM), ReadStats(), name) is None:
                 return None
             bounds = [0]
             for k in range(1, count):
@@ -241,7 +209,10 @@ def analyze_plan(plan: Plan, settings: Settings) -> tuple[Aggregator, Partial]:
                 process.wait()
 
 
-_BOOT = "import sys; from tracekit.analysis.readers.parallel import worker_main; worker_main(sys.argv[1:])"
+_BOOT = (
+    "import sys; from tracekit.analysis.readers.range_worker import worker_main; "
+    "worker_main(sys.argv[1:])"
+)
 
 
 def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggregator, Partial]:
@@ -272,6 +243,7 @@ def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggrega
         if kind != "sample":
             _raise(kind, sample)
         merged.adopt_sample(sample)
+        del sample  # unpacked now: the packed copy is not held while later ranges are read
         total.spans += partial.spans
         total.orphans = (total.orphans[0] + partial.orphans[0], total.orphans[1] + partial.orphans[1])
         total.stats.skipped += partial.stats.skipped
@@ -311,130 +283,3 @@ def file_path(source: Any) -> str | None:
     return None
 
 
-# --- a worker --------------------------------------------------------------------------------
-def worker_main(argv: list[str]) -> None:
-    """Entry point of a worker process: ``PARENT_FD PREVIOUS_FD FOLLOWING_FD`` (-1: none)."""
-    parent_fd, previous_fd, following_fd = (int(arg) for arg in argv)
-    parent = Connection(parent_fd)
-    previous = Connection(previous_fd, writable=False) if previous_fd >= 0 else None
-    following = Connection(following_fd, readable=False) if following_fd >= 0 else None
-    plan, k, settings = parent.recv()
-    _work(plan, k, settings, previous, following, parent)
-
-
-def _work(
-    plan: Plan,
-    k: int,
-    settings: Settings,
-    previous: Connection | None,
-    following: Connection | None,
-    parent: Connection,
-) -> None:
-    # Read the range into the pipeline, take the previous range's end state, hand this
-    # one's on, and answer the parent.
-    import gc
-
-    gc.disable()  # as analyze() does: millions of acyclic objects, see api._gc_paused
-    pipeline = Pipeline(settings, pack_sample=True, continues=k > 0)
-    stats = ReadStats(format="otlp-jsonl")
-    handed_on = False
-    try:
-        _read(plan, k, pipeline, stats)
-        if following is None:
-            # The file ends with this range: its own traces are flushed now, which frees the
-            # window before the neighbour's state arrives (they never meet the set-aside ones).
-            pipeline.finish()
-        try:
-            state = previous.recv_bytes() if previous is not None else pack(([], {}))
-        except EOFError:
-            state = b""
-        if not state:  # the previous range failed: its error is the one reported
-            raise _Abandoned
-        pipeline.continue_from(state)
-        if following is not None:
-            handed_on = True
-            # A neighbour that failed has gone: its own error is what gets reported.
-            with contextlib.suppress(OSError):
-                following.send_bytes(pack(pipeline.end_state()))
-        else:
-            pipeline.finish()
-        kept = pipeline.aggregator.take_sample()
-        partial = Partial(
-            pipeline.aggregator, stats, pipeline.spans, list(pipeline.services),
-            list(pipeline.matched), list(pipeline.others), [key for key, _ in kept],
-            pipeline.orphans,
-        )  # fmt: skip
-        parent.send(("ok", partial))
-        cutoff = parent.recv()
-        parent.send(("sample", [packed for key, packed in kept if cutoff is None or key >= cutoff]))
-    except (EOFError, OSError) as exc:
-        # The parent stopped listening (another range failed): leave quietly. A file that
-        # cannot be read is a TracekitError by now (sources._guard), not an OSError.
-        _tell(parent, ("crash", f"{type(exc).__name__}: {exc}"))
-    except _Abandoned:
-        _tell(parent, ("abandoned", None))
-    except TracekitError as exc:
-        _tell(parent, ("error", exc))
-    except BaseException:
-        _tell(parent, ("crash", traceback.format_exc()))
-    finally:
-        if following is not None and not handed_on:
-            with contextlib.suppress(OSError):
-                following.send_bytes(b"")
-
-
-def _tell(connection: Connection, message: Any) -> None:
-    with contextlib.suppress(OSError):
-        connection.send(message)
-
-
-class _Abandoned(Exception):
-    pass
-
-
-def _read(plan: Plan, k: int, pipeline: Pipeline, stats: ReadStats) -> None:
-    # The range's lines through the readers' loop, into the pipeline in batches.
-    start, end = plan.bounds[k], plan.bounds[k + 1]
-    where = _LineNames(plan, start)
-    batch: list[Span] = []
-    with open(plan.path, "rb", buffering=_BUFFER_BYTES) as file:
-        for spans in _guard(json_lines(_range_lines(file, start, end), stats, where), plan.name):
-            batch += spans
-            if len(batch) >= BATCH_SPANS:
-                pipeline.add(batch)
-                batch = []
-    pipeline.add(batch)
-
-
-def _range_lines(file: IO[bytes], start: int, end: int) -> Iterator[bytes]:
-    # From a line start to the first line start at or past ``end``.
-    file.seek(start)
-    at = start
-    for line in file:
-        size = len(line)
-        yield line.removeprefix(_BOM) if at == 0 else line
-        at += size
-        if at >= end:
-            return
-
-
-class _LineNames:
-    """``NAME: line N`` for the line at an index of a range, for messages; N is counted from
-    the start of the file (the newlines before the range) the first time one is asked for."""
-
-    def __init__(self, plan: Plan, start: int) -> None:
-        self.plan = plan
-        self.start = start
-        self.first: int | None = None
-
-    def __call__(self, index: int) -> str:
-        if self.first is None:
-            newlines = 0
-            with open(self.plan.path, "rb") as file:
-                while file.tell() < self.start:
-                    chunk = file.read(min(2**22, self.start - file.tell()))
-                    if not chunk:
-                        break
-                    newlines += chunk.count(b"\n")
-            self.first = newlines + 1
-        return f"{self.plan.name}: line {self.first + index}"

@@ -171,6 +171,16 @@ class StageStats:
         for fn, ns in set(zip(fns, nss, strict=True)):
             self._function(qualified_name(fn, ns))
 
+    def earliest(self, start: int, index: int, kind: str) -> None:
+        """An instance at ``(start, index)`` of kind ``kind``: the stage's first appearance
+        and its kind there are kept (on a tie, the smaller kind), so that neither depends on
+        the order instances come in (a name can be a stage of one kind here, of another
+        there)."""
+        first = (start, index)
+        if first < self.first or (first == self.first and kind < self.kind):
+            self.first_start, self.first_index = first
+            self.kind = kind
+
     def _located(self, block: float, where: str) -> None:
         # The location of the longest located block; the smaller text on a tie.
         if self.blocked_ms is None or block > self.blocked_ms or (
@@ -202,8 +212,7 @@ class StageStats:
         if other.blocked_ms is not None and other.blocked_at is not None:
             self._located(other.blocked_ms, other.blocked_at)
         self._function(other.function)
-        if other.first < self.first:
-            self.first_start, self.first_index = other.first
+        self.earliest(other.first_start, other.first_index, other.kind)
 
     def to_dict(self) -> dict[str, Any]:
         """The report's stage object (report contract ``routes[].stages[]``)."""
@@ -267,10 +276,7 @@ class RouteStats:
             stats.rows.append(row)
             own_rows.append(row)
             if start <= stats.first_start:
-                i = req.stages.index(stage)
-                if start < stats.first_start or i < stats.first_index:
-                    stats.first_start = start
-                    stats.first_index = i
+                stats.earliest(start, req.stages.index(stage), stage.kind)
         if req.instrumented:
             self.instrumented += 1
             sums = self.sums
