@@ -8,6 +8,8 @@ Each is checked where it is used and falls back to the public API when the SDK c
 - :func:`active_processor`: the processor chain of a ``TracerProvider`` the application made
   (``TracerProvider._active_span_processor``), to send tracekit's spans where the app's go;
 - :func:`is_default_sampler`: whether a sampler is the SDK's default (by its description);
+- :func:`otlp_http_sender`: the OTLP/HTTP exporter's client and request-size limit, to send
+  it batches encoded by :mod:`tracekit._export.otlp_encoding`;
 - span contexts built directly (``tracekit._export.readable_spans``: ``SpanContext`` is a
   tuple; ``ReadableSpan`` takes its fields positionally).
 """
@@ -119,3 +121,43 @@ def readable_span(name: str, context: SpanContext, parent: SpanContext | None, r
     # every field of the spans built here).
     return ReadableSpan(name, context, parent, resource, attributes, events, (), kind, None,
                         status, start, end, scope)  # fmt: skip
+
+
+def otlp_http_sender(exporter: Any) -> Any:
+    """For the SDK's OTLP/HTTP span exporter, a function that sends an encoded
+    ``ExportTraceServiceRequest`` as its ``export`` would (True: sent, False: the send failed,
+    None: not sent, its ``export`` is to handle the batch and say why); None for any other
+    exporter, or one whose internals are not as expected (it then exports as it does).
+
+    Its ``export`` does the same around its encoder: nothing after shutdown, the request-size
+    limit, then its HTTP client (with its retries and timeout). Its own telemetry about
+    exports (off unless ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED``) is not recorded then,
+    so the plain path is kept when that is on.
+    """
+    try:
+        from opentelemetry.exporter.otlp.proto.http import _common
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        return None
+    if type(exporter) is not OTLPSpanExporter:
+        return None
+    client = getattr(exporter, "_client", None)
+    send = getattr(client, "export", None)
+    too_large = getattr(_common, "_is_request_too_large", None)
+    limit = getattr(exporter, "_max_request_size", None)
+    if send is None or too_large is None or type(limit) is not int or _internal_metrics_on():
+        return None
+
+    def send_encoded(data: bytes) -> bool | None:
+        if exporter._shutdown is not False or too_large(data, limit):
+            return None
+        return bool(send(data).success)
+
+    return send_encoded
+
+
+def _internal_metrics_on() -> bool:
+    import os
+
+    value = os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "")
+    return value.strip().lower() == "true"
