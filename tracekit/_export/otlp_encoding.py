@@ -4,7 +4,8 @@ The SDK's encoder (opentelemetry-exporter-otlp-proto-common) builds a protobuf m
 per span, attribute and value, in Python: on the export thread, holding the GIL, it costs
 several times what building the span did. This module writes the same
 ``ExportTraceServiceRequest`` wire format straight into bytes, with each attribute key's
-encoded prefix kept, so that the export thread holds the GIL a fraction as long. It is
+encoded prefix kept (and whole attributes whose string or integer values repeat:
+stage names, routes, status codes), so that the export thread holds the GIL a fraction as long. It is
 compiled with mypyc with the rest of span building.
 
 What it does not encode itself (links, values of unusual types, ids or times out of range)
@@ -24,6 +25,7 @@ _PACK_FIXED64: Final = struct.Struct("<Q").pack
 _PACK_FIXED32: Final = struct.Struct("<I").pack
 _MAX_KEYS: Final = 4096  # encoded key prefixes kept (keys are few: tracekit's and the app's)
 _U64: Final = 1 << 64
+_VALUES_KEPT: Final = 64  # encoded attributes kept a key, for string and int values that repeat
 
 
 def varint(n: int) -> bytes:
@@ -76,6 +78,9 @@ class Encoder:
     def __init__(self) -> None:
         self._keys: dict[str, bytes] = {}  # key -> KeyValue's key field + AnyValue's tag
         self._doubles: dict[str, bytes] = {}  # key -> a whole attribute field but the double
+        # key -> value -> the whole attribute field (ints and strings apart: 1 == True == 1.0)
+        self._strings: dict[str, dict[Any, bytes]] = {}
+        self._ints: dict[str, dict[Any, bytes]] = {}
         self._resources: dict[int, tuple[Any, bytes]] = {}  # id -> (resource, Resource field)
         self._scopes: dict[int, tuple[Any, bytes]] = {}
 
@@ -84,25 +89,52 @@ class Encoder:
         if not attributes:
             return b""
         parts: list[bytes] = []
+        span = tag == b"\x4a"
         doubles = self._doubles
-        keys = self._keys
         for key, value in attributes.items():
-            if type(value) is float and tag == b"\x4a":
+            kind = type(value)
+            if span and kind is float:  # a fresh value each span: only its prefix is kept
                 prefix = doubles.get(key)
                 if prefix is None:
                     prefix = self._double_prefix(key)
                 parts.append(prefix + _PACK_DOUBLE(value))
                 continue
-            head = keys.get(key)
-            if head is None:
-                if type(key) is not str:
-                    raise _Unusual
-                head = _string(b"\x0a", key) + b"\x12"
-                if len(keys) < _MAX_KEYS:
-                    keys[key] = head
-            any_bytes = any_value(value)
-            parts.append(_field(tag, head + varint(len(any_bytes)) + any_bytes))
+            if span and (kind is str or kind is int):  # names, routes, counts: they repeat
+                seen = (self._strings if kind is str else self._ints).get(key)
+                if seen is not None:
+                    field = seen.get(value)
+                    if field is not None:
+                        parts.append(field)
+                        continue
+                field = self._attribute(tag, key, value)
+                self._keep(kind is str, key, value, field)
+                parts.append(field)
+                continue
+            parts.append(self._attribute(tag, key, value))
         return b"".join(parts)
+
+    def _attribute(self, tag: bytes, key: Any, value: Any) -> bytes:
+        """One ``KeyValue`` field ``tag``."""
+        head = self._keys.get(key)
+        if head is None:
+            if type(key) is not str:
+                raise _Unusual
+            head = _string(b"\x0a", key) + b"\x12"
+            if len(self._keys) < _MAX_KEYS:
+                self._keys[key] = head
+        any_bytes = any_value(value)
+        return _field(tag, head + varint(len(any_bytes)) + any_bytes)
+
+    def _keep(self, text: bool, key: str, value: Any, field: bytes) -> None:
+        """Keep an encoded string or int attribute of a span (a few values a key)."""
+        kept = self._strings if text else self._ints
+        values = kept.get(key)
+        if values is None:
+            if len(kept) >= _MAX_KEYS:
+                return
+            values = kept[key] = {}
+        if len(values) < _VALUES_KEPT and (not text or len(value) <= 256):
+            values[value] = field
 
     def _double_prefix(self, key: str) -> bytes:
         if type(key) is not str:
