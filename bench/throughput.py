@@ -12,7 +12,10 @@ in every round:
             as an application does: ``tracekit.configure(exporter=...)`` (tracekit's batch
             processor: the SDK's BatchSpanProcessor with SDK defaults, bounded shutdown);
 - tracekit-sdkprovider: the same, its spans to a provider set up exactly as otel's
-            (``configure(tracer_provider=...)``).
+            (``configure(tracer_provider=...)``);
+- tracekit-unbuilt, tracekit-inline, ...: that, with one of bench/overhead.py's diagnostic
+            changes (``tracekit-unbuilt``: finished requests dropped, never built: the
+            request path alone).
 
 Every traced variant exports the same way (``--exporter``): ``otlp`` (default), OTLP/HTTP
 protobuf (opentelemetry-exporter-otlp-proto-http's exporter, given by ``configure`` the
@@ -28,8 +31,11 @@ tracekit's backlog at the end (requests not yet built into spans, work deferred 
 window: it should be small next to the window's requests). Figures: requests/s per round,
 the median over rounds, and each variant's ratio to bare within each round, median.
 
+``NAME@before`` variants (with ``--before DIR``) are served by another checkout's tracekit
+(this checkout's app and server code): before/after comparisons within the same rounds.
+
 Run: .venv/bin/python bench/throughput.py [--rounds 3] [--duration 10] [--exporter otlp]
-     [--variants bare,otel,tracekit] [--json out.json]
+     [--variants bare,otel,tracekit] [--before DIR] [--json out.json]
 Needs wrk (Debian: ``apt-get install wrk``).
 """
 
@@ -127,6 +133,11 @@ def serve(variant: str, port: int, exporter_kind: str, sink_port: int, path: str
         app = tracekit.TracekitMiddleware(overhead.make_app(True))
     elif variant == "tracekit-sdkprovider":  # its spans to the same provider setup as otel's
         tracekit.configure(tracer_provider=provider)
+        app = tracekit.TracekitMiddleware(overhead.make_app(True))
+    elif variant.startswith("tracekit-"):  # bench/overhead.py's diagnostic changes (its _alter)
+        tracekit.configure(tracer_provider=provider)
+        assert current.active_runtime is not None
+        overhead._alter(current.active_runtime, variant.removeprefix("tracekit-"))
         app = tracekit.TracekitMiddleware(overhead.make_app(True))
     else:
         raise SystemExit(f"unknown variant {variant}")
@@ -233,7 +244,11 @@ def one_run(variant: str, args: argparse.Namespace, sink: Sink, script: str, tmp
     cmd = [sys.executable, os.path.abspath(__file__), "--serve", variant, "--port", str(port),
            "--exporter", args.exporter, "--sink-port", str(sink.port),
            "--path", os.path.join(tmp, f"{variant}.jsonl")]  # fmt: skip
-    server = subprocess.Popen(cmd, cwd=HERE)
+    env = dict(os.environ)
+    if variant.endswith("@before"):  # served by the checkout given as --before
+        cmd[cmd.index("--serve") + 1] = variant.removesuffix("@before")
+        env["PYTHONPATH"] = args.before
+    server = subprocess.Popen(cmd, cwd=HERE, env=env)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -275,6 +290,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--exporter", choices=("otlp", "jsonl", "drop"), default="otlp")
     parser.add_argument("--variants", default="bare,otel,tracekit")
+    parser.add_argument("--before", metavar="DIR",
+                        help="another checkout (e.g. a git worktree of an earlier commit, built): "
+                             "a variant named NAME@before is served by its tracekit")  # fmt: skip
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -314,9 +332,15 @@ def main() -> None:
     results["rps_median"] = medians
     if "bare" in runs:
         results["ratio_to_bare_per_round_median"] = {
-            name: statistics.median(r["rps"] / b["rps"] for r, b in zip(rs, runs["bare"]))
+            name: statistics.median(r["rps"] / b["rps"] for r, b in zip(rs, runs["bare"], strict=True))
+            for name, rs in runs.items() if name != "bare"}  # fmt: skip
+        # CPU per request is steadier than requests/s where other work shares the cores
+        results["cpu_ratio_to_bare_per_round_median"] = {
+            name: statistics.median(b["process_cpu_us"] / r["process_cpu_us"]
+                                    for r, b in zip(rs, runs["bare"], strict=True))
             for name, rs in runs.items() if name != "bare"}  # fmt: skip
     print(json.dumps({k: results[k] for k in ("rps_median", "ratio_to_bare_per_round_median",
+                                              "cpu_ratio_to_bare_per_round_median",
                                               "load_average_1min") if k in results}))  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -1,4 +1,5 @@
-"""tracekit._export.otlp_encoding writes the bytes the SDK's OTLP encoder makes."""
+"""The export path's SDK shortcuts: tracekit._export.otlp_encoding writes the bytes the SDK's
+OTLP encoder makes; sdk.hand_over queues a request's spans as the SDK's on_end would."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 import tracekit
+from tracekit._export import sdk
+from tracekit._export.batch import CountedBatchSpanProcessor
 from tracekit._export.otlp_encoding import Encoder
 
 
@@ -87,3 +91,54 @@ async def _call(app: Any) -> None:
         pass
 
     await app(scope, receive, send)
+
+
+# --- a request's spans handed to the SDK's batch processor in one go (sdk.hand_over) ---------
+class _Exporter(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _queued(processor: BatchSpanProcessor) -> list[Any]:
+    return list(processor._batch_processor._queue)
+
+
+def test_spans_are_queued_in_one_go_as_one_by_one() -> None:
+    spans = [_span(name=str(i)) for i in range(5)]
+    one_by_one, at_once = BatchSpanProcessor(_Exporter()), BatchSpanProcessor(_Exporter())
+    try:
+        for span in spans:
+            one_by_one.on_end(span)
+        sdk.hand_over(at_once, spans)
+        assert _queued(at_once) == _queued(one_by_one)
+        counted = CountedBatchSpanProcessor(_Exporter())
+        sdk.hand_over(counted, spans)
+        assert _queued(counted) == _queued(one_by_one) and counted.received == 5
+    finally:
+        for processor in (one_by_one, at_once):
+            processor.shutdown()
+
+
+def test_what_one_go_cannot_queue_goes_one_by_one() -> None:
+    full = BatchSpanProcessor(_Exporter(), max_queue_size=3, max_export_batch_size=3,
+                              schedule_delay_millis=60_000)  # fmt: skip
+    unsampled = _span(context=SpanContext(1, 2, False, TraceFlags(0)))
+    try:
+        full._batch_processor._queue.extend([_span(), _span()])
+        # refused as a whole (the caller then hands them over one by one, the SDK dropping)
+        assert not sdk.queue_all(full, [_span(), _span()])  # one more than fits
+        assert not sdk.queue_all(full, [unsampled])  # on_end skips it
+        assert sdk.queue_all(full, [_span()]) and len(_queued(full)) == 3
+    finally:
+        full.shutdown()
+    seen: list[Any] = []
+
+    class Plain:
+        def on_end(self, span: Any) -> None:
+            seen.append(span)
+            if len(seen) == 1:
+                raise RuntimeError("a broken processor")
+
+    spans = [_span(), _span()]
+    sdk.hand_over(Plain(), spans)  # the first one's error does not lose the second
+    assert seen == spans

@@ -8,6 +8,9 @@ lacks for a bounded shutdown (:mod:`tracekit._export.shutdown`):
   collector that refuses connections holds each batch of 512 spans for ~7 s of retries, and
   one that never answers for ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s).
 - counts of the spans handed in and of those exported, for the line logged at shutdown;
+- a queue of ``QUEUE_SPANS`` spans unless ``OTEL_BSP_MAX_QUEUE_SIZE`` says otherwise: tracekit
+  hands spans over in bursts (a drain builds every request queued since the last, five spans
+  or more each), and the SDK's 2,048 overflowed (spans dropped) while the exporter kept up;
 - the SDK's OTLP/HTTP exporter is given batches encoded by
   :mod:`tracekit._export.otlp_encoding` (the same bytes, a fraction of the SDK encoder's time
   on the export thread, which holds the GIL the request loop needs); any other exporter, or a
@@ -18,6 +21,7 @@ Imports the SDK: loaded by ``configure()`` only.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -28,13 +32,16 @@ from tracekit._core.failsafe import internal_error
 from tracekit._export import sdk, shutdown
 from tracekit._export.otlp_encoding import Encoder
 
+QUEUE_SPANS = 8192
+
 
 class CountedBatchSpanProcessor(BatchSpanProcessor):
     """``BatchSpanProcessor(exporter)`` with bounded flush and shutdown, counting its spans."""
 
     def __init__(self, exporter: SpanExporter) -> None:
         self._counting = _CountingExporter(exporter)
-        super().__init__(self._counting)
+        size = None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else QUEUE_SPANS
+        super().__init__(self._counting, max_queue_size=size)
         self.received = 0  # sampled spans handed in (those the SDK's processor queues)
         shutdown.exports.add(self)
 
@@ -45,6 +52,15 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
             # figure for the log, not an invariant); a lock would cost more than the figure is worth.
             self.received += 1
         super().on_end(span)
+
+    def on_end_batch(self, spans: list[ReadableSpan]) -> None:
+        """A request's spans, queued in one go where the SDK's processor allows
+        (:func:`tracekit._export.sdk.queue_all`), else one by one."""
+        if sdk.queue_all(self, spans):
+            self.received += len(spans)
+            return
+        for span in spans:
+            self.on_end(span)
 
     def unexported(self) -> int:
         """Spans handed in and not (yet) exported: failed, dropped, queued or in flight."""

@@ -5,6 +5,8 @@ Each is checked where it is used and falls back to the public API when the SDK c
 
 - :func:`processors`: a provider's span processors, reached inside its multi-processor to
   hand spans to each directly (``SynchronousMultiSpanProcessor._span_processors``);
+- :func:`hand_over`: a request's spans queued in the SDK's ``BatchSpanProcessor`` in one go
+  (its ``BatchProcessor``'s queue, bound and wake-up event), instead of one ``on_end`` each;
 - :func:`active_processor`: the processor chain of a ``TracerProvider`` the application made
   (``TracerProvider._active_span_processor``), to send tracekit's spans where the app's go;
 - :func:`is_default_sampler`: whether a sampler is the SDK's default (by its description);
@@ -16,10 +18,13 @@ Each is checked where it is used and falls back to the public API when the SDK c
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, TraceFlags
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
@@ -39,6 +44,61 @@ def processors(processor: Any, sync_multi: type | None) -> tuple[Any, ...]:
         if type(inner) is tuple:
             return inner
     return (processor,)
+
+
+def hand_over(target: Any, spans: list[Any]) -> None:
+    """Give a request's ``spans`` to the span processor ``target``: queued in one go when it
+    is the SDK's ``BatchSpanProcessor`` (or has ``on_end_batch``), else one ``on_end`` each.
+
+    ``on_end`` costs ~2 µs a span on the span-building thread (a ``getpid`` system call and
+    the queue's checks per span), which holds the GIL the request loop needs.
+    """
+    from tracekit._core.failsafe import internal_error
+
+    try:
+        on_end_batch = getattr(target, "on_end_batch", None)
+        if on_end_batch is not None:
+            on_end_batch(spans)
+            return
+        if type(target) is BatchSpanProcessor and queue_all(target, spans):
+            return
+    except Exception:
+        internal_error("span processor")
+        return
+    on_end = target.on_end
+    for span in spans:
+        try:
+            on_end(span)
+        except Exception:
+            internal_error("span processor")
+
+
+def queue_all(processor: Any, spans: list[Any]) -> bool:
+    """Queue ``spans`` in a ``BatchSpanProcessor`` as its ``on_end`` does one by one (True),
+    or nothing (False: the caller hands them over one by one) when any of them would not be
+    queued as it is (one not sampled, the queue too full, the processor shut down or
+    inherited across a fork) or the processor is not laid out as expected."""
+    batch = getattr(processor, "_batch_processor", None)
+    queue = getattr(batch, "_queue", None)
+    if type(queue) is not deque:
+        return False
+    size = getattr(batch, "_max_queue_size", None)
+    threshold = getattr(batch, "_max_export_batch_size", None)
+    awaken = getattr(batch, "_worker_awaken", None)
+    if type(size) is not int or type(threshold) is not int or awaken is None:
+        return False
+    if getattr(batch, "_shutdown", True) is not False or getattr(batch, "_pid", None) != os.getpid():
+        return False
+    if len(queue) + len(spans) > size:
+        return False
+    for span in spans:
+        context = span.context
+        if context is None or not context.trace_flags.sampled:
+            return False
+    queue.extendleft(spans)  # as on_end's appendleft of each in turn: the oldest on the right
+    if len(queue) >= threshold and not awaken.is_set():
+        awaken.set()
+    return True
 
 
 def sync_multi_type() -> type | None:
