@@ -139,6 +139,7 @@ def main() -> None:
     warmups = [0, args.warmup or 1000] if args.split else [args.warmup]
     results = run(args.variants.split(","), args.requests, args.rounds, warmups)
     results = {"build": "compiled (mypyc)" if _native.compiled() else "plain Python",
+               "tracekit": os.path.dirname(_native.__file__),
                "python": sys.version.split()[0], "requests_per_round": args.requests,
                "rounds": args.rounds, "load_average": os.getloadavg(), **results}  # fmt: skip
     for key, us in results["cpu_us_median"].items():
@@ -147,7 +148,8 @@ def main() -> None:
         print(f"{key:28s} process CPU {us:7.1f} µs/request (threads: {cells})")
     for key, ratio in results["ratio_to_otel"].items():
         print(f"{key:28s} overhead / OTel's: {ratio:.3f}")
-    print(f"load average {results['load_average'][0]:.2f} {results['load_average'][1]:.2f}")
+    print(f"tracekit from {results['tracekit']} ({results['build']}); load average "
+          f"{results['load_average'][0]:.2f} {results['load_average'][1]:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
