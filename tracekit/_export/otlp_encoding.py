@@ -25,7 +25,11 @@ _PACK_FIXED64: Final = struct.Struct("<Q").pack
 _PACK_FIXED32: Final = struct.Struct("<I").pack
 _MAX_KEYS: Final = 4096  # encoded key prefixes kept (keys are few: tracekit's and the app's)
 _U64: Final = 1 << 64
-_VALUES_KEPT: Final = 64  # encoded attributes kept a key, for string and int values that repeat
+# Whole encoded attributes kept, for string and int values that repeat: keys, values a key,
+# characters a string (at most ~2 MB of them each for strings and ints).
+_KEYS_WITH_VALUES: Final = 256
+_VALUES_KEPT: Final = 64
+_LONGEST_KEPT: Final = 128
 
 
 def varint(n: int) -> bytes:
@@ -46,7 +50,7 @@ def _field(tag: bytes, payload: bytes) -> bytes:
 
 
 def _string(tag: bytes, text: str) -> bytes:
-    return _field(tag, text.encode("utf-8", "surrogatepass"))
+    return _field(tag, text.encode("utf-8"))  # a lone surrogate: UnicodeEncodeError, the SDK's
 
 
 class _Unusual(Exception):
@@ -130,10 +134,10 @@ class Encoder:
         kept = self._strings if text else self._ints
         values = kept.get(key)
         if values is None:
-            if len(kept) >= _MAX_KEYS:
+            if len(kept) >= _KEYS_WITH_VALUES:
                 return
             values = kept[key] = {}
-        if len(values) < _VALUES_KEPT and (not text or len(value) <= 256):
+        if len(values) < _VALUES_KEPT and (not text or len(value) <= _LONGEST_KEPT):
             values[value] = field
 
     def _double_prefix(self, key: str) -> bytes:
@@ -149,7 +153,7 @@ class Encoder:
         """One ``Span`` message's bytes (as the SDK's ``_encode_span`` serializes)."""
         try:
             return self._span(span)
-        except (_Unusual, OverflowError, struct.error):
+        except (_Unusual, OverflowError, struct.error, UnicodeEncodeError):
             from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import _encode_span
 
             data: bytes = _encode_span(span).SerializePartialToString()
@@ -206,7 +210,7 @@ class Encoder:
             return kept[1]
         try:
             encoded = _field(b"\x0a", self.attributes(b"\x0a", resource.attributes))
-        except (_Unusual, OverflowError):
+        except (_Unusual, OverflowError, UnicodeEncodeError):
             from opentelemetry.exporter.otlp.proto.common._internal import _encode_resource
 
             encoded = _field(b"\x0a", _encode_resource(resource).SerializePartialToString())
