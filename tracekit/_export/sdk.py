@@ -29,6 +29,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, TraceFlags
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 
+from tracekit._core.failsafe import internal_error
+
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _tuple_new: Final = tuple.__new__
 
@@ -53,8 +55,6 @@ def hand_over(target: Any, spans: list[Any]) -> None:
     ``on_end`` costs ~2 µs a span on the span-building thread (a ``getpid`` system call and
     the queue's checks per span), which holds the GIL the request loop needs.
     """
-    from tracekit._core.failsafe import internal_error
-
     try:
         on_end_batch = getattr(target, "on_end_batch", None)
         if on_end_batch is not None:
