@@ -19,7 +19,10 @@ of its overhead is building the spans, handing them to the SDK's processor, and 
 a ``git worktree`` of an older commit, to compare); it needs no install, the checkout is put
 first on the path.
 
-Run: .venv/bin/python bench/overhead_instructions.py [--requests 2000] [--json out.json] [--tree DIR]
+``--cold`` counts bare, otel and tracekit from their setup on, without the warm-up (what
+bench/overhead_process.py measures in time), beside the same after it.
+
+Run: .venv/bin/python bench/overhead_instructions.py [--requests 2000] [--json out.json] [--tree DIR] [--cold]
 Needs valgrind (Debian: ``apt-get install valgrind``); takes a few minutes.
 """
 
@@ -48,20 +51,23 @@ import overhead
 from tracekit._export import tracing
 otel_trace.set_tracer_provider(TracerProvider())
 tracing.MAX_QUEUE = 1_000_000  # count every span, as bench/overhead.py does
-app, flush = overhead.variant({variant!r})  # -unbuilt: requests dropped, never built into spans
 loop = asyncio.new_event_loop()
-loop.run_until_complete(overhead.drive(app, {warmup}))
-flush()
+if {setup}:
+    app, flush = overhead.variant({variant!r})  # -unbuilt: requests dropped, never built into spans
+    if {warmup}:
+        loop.run_until_complete(overhead.drive(app, {warmup}))
+        flush()
 if {requests}:
     loop.run_until_complete(overhead.drive(app, {requests}))
     flush()
 """
 
 
-def instructions(variant: str, requests: int, pure: bool, tree: Path) -> int:
-    """Instructions of one child process (all threads)."""
+def instructions(variant: str, requests: int, pure: bool, tree: Path, warmup: int = WARMUP) -> int:
+    """Instructions of one child process (all threads); with ``warmup`` 0, the variant is
+    set up only when there are requests to count (its setup is counted with them)."""
     code = CHILD.format(bench=str(tree / "bench"), tree=str(tree), variant=variant,
-                        warmup=WARMUP, requests=requests)  # fmt: skip
+                        warmup=warmup, requests=requests, setup=bool(requests or warmup))  # fmt: skip
     env = dict(os.environ, PYTHONHASHSEED="0")
     if pure:
         env["TRACEKIT_PURE_PYTHON"] = "1"
@@ -77,8 +83,24 @@ def instructions(variant: str, requests: int, pure: bool, tree: Path) -> int:
     return int(match.group(1))
 
 
-def per_request(variant: str, requests: int, tree: Path, pure: bool = False) -> float:
-    return (instructions(variant, requests, pure, tree) - instructions(variant, 0, pure, tree)) / requests
+def per_request(variant: str, requests: int, tree: Path, pure: bool = False,
+                warmup: int = WARMUP) -> float:  # fmt: skip
+    return (instructions(variant, requests, pure, tree, warmup)
+            - instructions(variant, 0, pure, tree, warmup)) / requests  # fmt: skip
+
+
+def cold(requests: int, tree: Path) -> dict[str, float]:
+    """The compiled variants counted from their setup on (no warm-up: the first requests pay
+    for what is made on first use), beside the same after the warm-up."""
+    out: dict[str, float] = {}
+    for warmup in (0, WARMUP):
+        bare = per_request("bare", requests, tree, warmup=warmup)
+        otel = per_request("otel", requests, tree, warmup=warmup) - bare
+        ours = per_request("tracekit", requests, tree, warmup=warmup) - bare
+        out[f"warmup{warmup}_otel_overhead"] = otel
+        out[f"warmup{warmup}_tracekit_overhead"] = ours
+        out[f"warmup{warmup}_ratio_to_otel"] = ours / otel
+    return out
 
 
 def main() -> None:
@@ -86,10 +108,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--tree", type=Path, default=HERE.parent, help="the checkout to count")
+    parser.add_argument("--cold", action="store_true",
+                        help="only the compiled bare, otel and tracekit, counted from their setup "
+                             "on and after the warm-up (bench/overhead_process.py's question)")  # fmt: skip
     args = parser.parse_args()
     tree = args.tree.resolve()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    if args.cold:
+        print(json.dumps(cold(args.requests, tree), indent=2))
+        return
     bare = per_request("bare", args.requests, tree)
     otel = per_request("otel", args.requests, tree) - bare
     results: dict[str, float] = {"bare": bare, "otel_overhead": otel}

@@ -33,14 +33,21 @@ _DURING: Final = "\nDuring handling of the above exception, another exception oc
 
 
 def instrumentation_scope() -> InstrumentationScope:
-    """The scope every tracekit span carries."""
+    """The scope every tracekit span carries (made once a process: reading the installed
+    version scans the installed distributions, milliseconds for every runtime otherwise)."""
+    if _scope:
+        return _scope[0]
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         tracekit_version = version("tracekit")
     except PackageNotFoundError:
         tracekit_version = "0"
-    return InstrumentationScope(semconv.SCOPE_NAME, tracekit_version)
+    _scope.append(InstrumentationScope(semconv.SCOPE_NAME, tracekit_version))
+    return _scope[0]
+
+
+_scope: Final[list[InstrumentationScope]] = []
 
 
 def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[ReadableSpan]:

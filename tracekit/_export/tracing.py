@@ -91,6 +91,7 @@ class Runtime:
         self.watchdog: Any = None
         self._window_at = time.monotonic()  # when the last loop windows were built
         self._processors = sdk.processors  # the processors to hand spans to (see sdk.processors)
+        self._hand_over = sdk.hand_over  # a request's spans to one of them (in one go if it can)
         self._sync_multi = sdk.sync_multi_type() if processor is not None else None
         shutdown.runtimes.add(self)
 
@@ -329,12 +330,7 @@ class Runtime:
         processor = self.processor
         if processor is not None:
             for target in self._processors(processor, self._sync_multi):
-                on_end = target.on_end
-                for span in spans:
-                    try:
-                        on_end(span)
-                    except Exception:
-                        internal_error("span processor")
+                self._hand_over(target, spans)
         for recorder in list(recorders):
             try:
                 recorder(spans)
