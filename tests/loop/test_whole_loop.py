@@ -22,7 +22,9 @@ from tracekit._export import tracing
 from .proxy import ModelServer, Proxy, drive_load, thread_cpu_ns
 
 LOOPS = ["asyncio", "uvloop"]
-TOLERANCE = 0.35  # model wait against the model server's own time, on a saturated loop
+# Model wait against the model server's own time on a saturated loop: measured from -28% to
+# +36% over runs on this host (docs/attributes.md); the busy-run estimate gave about +100%.
+TOLERANCE = 0.4
 
 
 def _windows(spans: list[Any]) -> list[dict[str, Any]]:
@@ -83,10 +85,8 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     """At a concurrency that saturates the loop, the time requests queue for the loop is
     loop wait (and queue wait, on the HTTP client's locks), not model wait: the model stage's
     wait stays close to the model server's own time, while its wall time is several times
-    that. Measured (docs/attributes.md) on this 2-core host at load averages 3-7: -4% to -28%
-    (the loop-wait estimate's spread grows with the lag); the busy-run estimate before the
-    loop probe gave about +100%. The bound leaves room for a busy CI host."""
-    proxy = Proxy(model.url)
+    that (see TOLERANCE)."""
+    proxy = Proxy(model.url, parse_units=8.0)  # twice the CPU of the default proxy's requests
     with tracekit.record() as rec:
         server = serve(proxy.app, loop=loop, http="httptools")
         drive_load(server.url, 8, 4)
@@ -94,13 +94,13 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
         tracing.flush_all()
         before = len(rec.spans)
         done = len(proxy.model_ms)
-        drive_load(server.url, 160, 32)
+        drive_load(server.url, 192, 64)
         time.sleep(0.3)
         tracing.flush_all()
         spans = rec.spans[before:]
     served = proxy.model_ms[done:]
     models = [s.attributes for s in spans if s.attributes.get(sc.STAGE) == "model"]
-    assert len(models) == len(served) == 160
+    assert len(models) == len(served) == 192
     own = statistics.median(served)
     wait = statistics.median(a[sc.WAIT_MS] for a in models)
     wall = statistics.median(a[sc.WALL_MS] for a in models)
