@@ -176,6 +176,15 @@ def record_slice(state: ThreadState, start: int, end: int) -> None:
     state.busy_wall += end - start
 
 
+def _awaited(node: Any) -> Any:
+    """What ``node`` (a coroutine, generator or async generator) awaits, or None."""
+    return (
+        getattr(node, "cr_await", None)
+        or getattr(node, "gi_yieldfrom", None)
+        or getattr(node, "ag_await", None)
+    )
+
+
 def sleep_ready_ns(awaiting: Any, suspended: int) -> int | None:
     """Ready time of a coroutine suspended in ``asyncio.sleep``, else None.
 
@@ -193,11 +202,7 @@ def sleep_ready_ns(awaiting: Any, suspended: int) -> int | None:
             if isinstance(delay, (int, float)) and delay > 0:
                 return suspended + int(delay * 1e9)
             return None
-        node = (
-            getattr(node, "cr_await", None)
-            or getattr(node, "gi_yieldfrom", None)
-            or getattr(node, "ag_await", None)
-        )
+        node = _awaited(node)
     return None
 
 
@@ -237,11 +242,7 @@ def waits_for_a_task(awaiting: Any) -> bool:
             return False
         if getattr(node, "cr_code", None) in codes:
             return True
-        node = (
-            getattr(node, "cr_await", None)
-            or getattr(node, "gi_yieldfrom", None)
-            or getattr(node, "ag_await", None)
-        )
+        node = _awaited(node)
     return False
 
 

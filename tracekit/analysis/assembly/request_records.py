@@ -175,17 +175,17 @@ def stage_record(span: Span) -> StageRecord:
         (_KINDS.get(kind) if type(kind) is str else None) or _KINDS.get(name) or semconv.KIND_OTHER
     )
     if not (type(wall) is float and 0.0 <= wall < _INF):
-        wall = _ms(wall)
+        wall = ms_value(wall)
     if not (type(cpu) is float and 0.0 <= cpu < _INF):
-        cpu = _ms(cpu)
+        cpu = ms_value(cpu)
     if not (type(wait) is float and 0.0 <= wait < _INF):
-        wait = _ms(wait)
+        wait = ms_value(wait)
     if not (type(loop_wait) is float and 0.0 <= loop_wait < _INF):
-        loop_wait = _ms(loop_wait)
+        loop_wait = ms_value(loop_wait)
     if not (type(children) is float and 0.0 <= children < _INF):
-        children = _ms(children)
+        children = ms_value(children)
     if not (type(max_block) is float and 0.0 <= max_block < _INF):
-        max_block = _ms(max_block)
+        max_block = ms_value(max_block)
     if type(on_loop) is not bool:
         on_loop = _flag(on_loop)
     slices = decode_pairs(slices, start) if slices is not None else []
@@ -240,7 +240,7 @@ def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
     route = route_of(span)
     # The durations: the well-formed float inline (as in stage_record), the rest via _ms.
     ms = [
-        v if type(v) is float and 0.0 <= v < _INF else _ms(v)
+        v if type(v) is float and 0.0 <= v < _INF else ms_value(v)
         for v in map(get, _REQUEST_MS)
     ]
     return RequestRecord(
@@ -383,7 +383,8 @@ def decode_pairs(value: Any, base_ns: int) -> list[tuple[int, int]]:
     return out
 
 
-def _ms(value: Any) -> float | None:
+def ms_value(value: Any) -> float | None:
+    """A duration attribute in ms: a non-negative finite number, else None (unknown)."""
     if value is None:
         return None
     # Only real numbers (bools are ints in Python); numeric text is accepted because some

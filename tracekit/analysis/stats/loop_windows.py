@@ -30,13 +30,13 @@ pooled p95 of all probes, which the windows do not carry), its max the largest w
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from msgspec import Struct
 
 from tracekit import semconv
+from tracekit.analysis.assembly.request_records import ms_value
 from tracekit.analysis.model import Span
 from tracekit.analysis.stats.quantiles import Quantiles
 
@@ -109,24 +109,24 @@ def window_of(span: Span) -> LoopWindow | None:
     thread = thread if isinstance(thread, str) and thread else "?"
     start = span.start_ns
     end = max(start, span.end_ns)
-    cpu = _ms(a.get(semconv.LOOP_CPU_MS)) or 0.0
-    busy = _ms(a.get(semconv.LOOP_BUSY_RATIO))
+    cpu = ms_value(a.get(semconv.LOOP_CPU_MS)) or 0.0
+    busy = ms_value(a.get(semconv.LOOP_BUSY_RATIO))
     if busy is None:
         busy = cpu * _NS / (end - start) if end > start else 0.0
     return LoopWindow(
         span.service, thread[:200], start, end, span.trace_id, span.span_id,
         min(1.0, busy), cpu,
-        _ms(a.get(semconv.LOOP_REQUESTS_CPU_MS)) or 0.0,
-        _ms(a.get(semconv.LOOP_GC_CPU_MS)) or 0.0,
-        _ms(a.get(semconv.LOOP_TRACEKIT_CPU_MS)) or 0.0,
-        _ms(a.get(semconv.LOOP_BACKGROUND_CPU_MS)) or 0.0,
-        _ms(a.get(semconv.LOOP_GC_MS)) or 0.0,
+        ms_value(a.get(semconv.LOOP_REQUESTS_CPU_MS)) or 0.0,
+        ms_value(a.get(semconv.LOOP_GC_CPU_MS)) or 0.0,
+        ms_value(a.get(semconv.LOOP_TRACEKIT_CPU_MS)) or 0.0,
+        ms_value(a.get(semconv.LOOP_BACKGROUND_CPU_MS)) or 0.0,
+        ms_value(a.get(semconv.LOOP_GC_MS)) or 0.0,
         _gc_counts(a.get(semconv.LOOP_GC_COUNTS)),
-        _ms(a.get(semconv.LOOP_GC_MAX_MS)),
+        ms_value(a.get(semconv.LOOP_GC_MAX_MS)),
         _generation(a.get(semconv.LOOP_GC_MAX_GENERATION)),
-        _ms(a.get(semconv.LOOP_LAG_P50_MS)),
-        _ms(a.get(semconv.LOOP_LAG_P95_MS)),
-        _ms(a.get(semconv.LOOP_LAG_MAX_MS)),
+        ms_value(a.get(semconv.LOOP_LAG_P50_MS)),
+        ms_value(a.get(semconv.LOOP_LAG_P95_MS)),
+        ms_value(a.get(semconv.LOOP_LAG_MAX_MS)),
         _count(a.get(semconv.LOOP_PROBES)) or 0,
         _count(a.get(semconv.LOOP_INFLIGHT)),
         _count(a.get(semconv.LOOP_TASKS)),
@@ -405,20 +405,6 @@ def _max(a: Any, b: Any) -> Any:
     if b is None:
         return a
     return b if a is None or b > a else a
-
-
-def _ms(value: Any) -> float | None:
-    # A non-negative finite number (Jaeger may type it as text); else None.
-    if type(value) is float or type(value) is int:
-        number = float(value)
-    elif isinstance(value, str) and 0 < len(value) <= 32:
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-    else:
-        return None
-    return max(number, 0.0) if math.isfinite(number) else None
 
 
 def _count(value: Any) -> int | None:
