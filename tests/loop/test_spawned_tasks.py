@@ -196,3 +196,45 @@ def test_eager_tasks_are_driven_too() -> None:
         spans = rec.spans
     request = next(s for s in spans if s.kind.name == "SERVER")
     assert 15 <= request.attributes[sc.CPU_MS] <= request.attributes[sc.WALL_MS]
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_waiting_on_a_lock_held_by_another_request_is_queue_wait(loop_kind: str) -> None:
+    """A stage waiting for an ``asyncio.Lock`` another request holds across an I/O wait: its
+    queue wait is the time the test itself measured around the acquire, not I/O or loop wait."""
+    lock: asyncio.Lock | None = None
+    waited: list[float] = []
+
+    @tracekit.stage("model")
+    async def call_model(hold_s: float) -> None:
+        assert lock is not None
+        started = time.perf_counter()
+        async with lock:
+            waited.append(time.perf_counter() - started)
+            await asyncio.sleep(hold_s)  # the model call, made while holding the lock
+
+    def app_holding(hold_s: float) -> Any:
+        async def app(scope: Any, receive: Receive, send: Any) -> None:
+            await call_model(hold_s)
+            await _respond(send)
+
+        return app
+
+    async def main() -> None:
+        nonlocal lock
+        lock = asyncio.Lock()
+        first = asyncio.ensure_future(_call(app_holding(0.08)))
+        await asyncio.sleep(0.005)  # the first request holds the lock now
+        await _call(app_holding(0.001))
+        await first
+
+    with tracekit.record() as rec:
+        _run(main(), loop_kind)
+        spans = rec.spans
+    second = max((s for s in spans if s.attributes.get(sc.STAGE) == "model"),
+                 key=lambda s: s.attributes.get(sc.QUEUE_WAIT_MS, 0.0))  # fmt: skip
+    queued = second.attributes.get(sc.QUEUE_WAIT_MS, 0.0)
+    truth = max(waited) * 1000
+    assert truth > 50, waited
+    assert queued == pytest.approx(truth, rel=0.1, abs=1.0), dict(second.attributes)
+    assert second.attributes[sc.WAIT_MS] < 10  # its own model call: 1 ms of sleep
