@@ -97,7 +97,8 @@ def _exporter(kind: str, sink_port: int, path: str) -> Any:
     return overhead.DroppingExporter()
 
 
-def serve(variant: str, port: int, exporter_kind: str, sink_port: int, path: str) -> None:
+def serve(variant: str, port: int, exporter_kind: str, sink_port: int, path: str,
+          http: str, loop: str) -> None:
     import overhead
     import uvicorn
     from opentelemetry import trace as otel_trace
@@ -177,7 +178,7 @@ def serve(variant: str, port: int, exporter_kind: str, sink_port: int, path: str
         await app(scope, receive, send)
 
     uvicorn.run(outer, host="127.0.0.1", port=port, workers=1, log_level="warning",
-                access_log=False, lifespan="off")  # fmt: skip
+                access_log=False, lifespan="off", http=http, loop=loop)  # fmt: skip
 
 
 # --- the OTLP sink (a thread of the driving process) ---------------------------------------
@@ -243,7 +244,8 @@ def one_run(variant: str, args: argparse.Namespace, sink: Sink, script: str, tmp
     port = _free_port()
     cmd = [sys.executable, os.path.abspath(__file__), "--serve", variant, "--port", str(port),
            "--exporter", args.exporter, "--sink-port", str(sink.port),
-           "--path", os.path.join(tmp, f"{variant}.jsonl")]  # fmt: skip
+           "--path", os.path.join(tmp, f"{variant}.jsonl"),
+           "--http", args.http, "--loop", args.loop]  # fmt: skip
     env = dict(os.environ)
     if variant.endswith("@before"):  # served by the checkout given as --before
         cmd[cmd.index("--serve") + 1] = variant.removesuffix("@before")
@@ -290,6 +292,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--exporter", choices=("otlp", "jsonl", "drop"), default="otlp")
     parser.add_argument("--variants", default="bare,otel,tracekit")
+    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto",
+                        help="uvicorn's HTTP parser (auto: httptools where installed)")
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                        help="uvicorn's event loop (auto: uvloop where installed)")
     parser.add_argument("--before", metavar="DIR",
                         help="another checkout (e.g. a git worktree of an earlier commit, built): "
                              "a variant named NAME@before is served by its tracekit")  # fmt: skip
@@ -301,7 +307,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         sys.path.insert(0, HERE)
-        serve(args.serve, args.port, args.exporter, args.sink_port, args.path)
+        serve(args.serve, args.port, args.exporter, args.sink_port, args.path, args.http, args.loop)
         return
     names = args.variants.split(",")
     sink = Sink()

@@ -21,6 +21,15 @@ STAGE_KINDS: Final[tuple[str, ...]] = (KIND_TOKENIZE, KIND_GUARDRAIL, KIND_MODEL
 # --- stage span (INTERNAL) ----------------------------------------------------------------
 STAGE: Final = "tracekit.stage"
 STAGE_KIND: Final = "tracekit.stage.kind"
+# What the stage wraps, so a fix can fit it: one of STAGE_SHAPES.
+STAGE_SHAPE: Final = "tracekit.stage.shape"
+SHAPE_FUNCTION: Final = "function"  # a sync function (or method)
+SHAPE_COROUTINE: Final = "coroutine"  # an async function (or method)
+SHAPE_ASYNC_GENERATOR: Final = "async_generator"
+SHAPE_GENERATOR: Final = "generator"
+SHAPE_BLOCK: Final = "block"  # a with / async with block
+STAGE_SHAPES: Final[tuple[str, ...]] = (SHAPE_FUNCTION, SHAPE_COROUTINE, SHAPE_ASYNC_GENERATOR,
+                                        SHAPE_GENERATOR, SHAPE_BLOCK)  # fmt: skip
 WALL_MS: Final = "tracekit.wall_ms"
 CPU_MS: Final = "tracekit.cpu_ms"
 WAIT_MS: Final = "tracekit.wait_ms"

@@ -85,15 +85,17 @@ class Stage:
     def __call__(self, fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"stage({self.name!r}) decorates a function, got {type(fn).__name__}")
-        site = Site(self.name, self.kind, getattr(fn, "__qualname__", self.name),
-                    getattr(fn, "__module__", None))  # fmt: skip
+        def site(shape: str) -> Site:
+            return Site(self.name, self.kind, getattr(fn, "__qualname__", self.name),
+                        getattr(fn, "__module__", None), shape)  # fmt: skip
+
         if inspect.isasyncgenfunction(fn):
-            return _wrap_async_gen(fn, site)
+            return _wrap_async_gen(fn, site(semconv.SHAPE_ASYNC_GENERATOR))
         if inspect.isgeneratorfunction(fn):
-            return _wrap_gen(fn, site)
+            return _wrap_gen(fn, site(semconv.SHAPE_GENERATOR))
         if inspect.iscoroutinefunction(fn):
-            return _wrap_async(fn, site)
-        return _wrap_sync(fn, site)
+            return _wrap_async(fn, site(semconv.SHAPE_COROUTINE))
+        return _wrap_sync(fn, site(semconv.SHAPE_FUNCTION))
 
     # --- with / async with ----------------------------------------------------------------
     def __enter__(self) -> Stage:

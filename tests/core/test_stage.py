@@ -379,3 +379,33 @@ def test_a_block_inside_a_sync_stage_in_a_worker_thread_leaves_no_slice_open() -
     spans = by_name(rec.spans)
     assert spans["guardrail"].parent.span_id == spans["tokenize"].context.span_id
     assert spans["guardrail"].attributes[sc.CPU_MS] > 0 and spans["tokenize"].attributes[sc.CPU_MS] > 0
+
+
+def test_each_span_names_the_shape_of_what_its_stage_wraps() -> None:
+    @tracekit.stage("sync_fn")
+    def sync_fn() -> int:
+        return 1
+
+    @tracekit.stage("coro")
+    async def coro() -> int:
+        return 2
+
+    @tracekit.stage("agen")
+    async def agen():  # type: ignore[no-untyped-def]
+        yield 3
+
+    @tracekit.stage("gen")
+    def gen():  # type: ignore[no-untyped-def]
+        yield 4
+
+    async def main() -> None:
+        assert sync_fn() == 1 and await coro() == 2
+        assert [x async for x in agen()] == [3] and list(gen()) == [4]
+        async with tracekit.stage("blk"):
+            pass
+
+    with tracekit.record() as rec:
+        asyncio.run(main())
+    shapes = {n: s.attributes[sc.STAGE_SHAPE] for n, s in by_name(rec.spans).items()}
+    assert shapes == {"sync_fn": "function", "coro": "coroutine", "agen": "async_generator",
+                      "gen": "generator", "blk": "block"}  # fmt: skip

@@ -49,15 +49,17 @@ class Site:
             by key).
     """
 
-    __slots__ = ("function", "kind", "name", "namespace", "template")
+    __slots__ = ("function", "kind", "name", "namespace", "shape", "template")
 
     def __init__(self, name: str, kind: str, function: str | None = None,
-                 namespace: str | None = None) -> None:  # fmt: skip
+                 namespace: str | None = None, shape: str = semconv.SHAPE_BLOCK) -> None:  # fmt: skip
         self.name = name
         self.kind = kind
         self.function = function
         self.namespace = namespace
-        template: dict[str, Any] = {semconv.STAGE: name, semconv.STAGE_KIND: kind}
+        self.shape = shape
+        template: dict[str, Any] = {semconv.STAGE: name, semconv.STAGE_KIND: kind,
+                                    semconv.STAGE_SHAPE: shape}  # fmt: skip
         if function:
             template[semconv.CODE_FUNCTION] = function
             if namespace:
