@@ -32,6 +32,9 @@ STAGE_SHAPES: Final[tuple[str, ...]] = (SHAPE_FUNCTION, SHAPE_COROUTINE, SHAPE_A
                                         SHAPE_GENERATOR, SHAPE_BLOCK)  # fmt: skip
 WALL_MS: Final = "tracekit.wall_ms"
 CPU_MS: Final = "tracekit.cpu_ms"
+# The part of cpu_ms run off the event-loop thread: a sync stage in a worker thread, or work
+# handed to thread and process pools (tracekit._core.handoff). Written when not zero.
+CPU_OFF_LOOP_MS: Final = "tracekit.cpu_off_loop_ms"
 WAIT_MS: Final = "tracekit.wait_ms"
 LOOP_WAIT_MS: Final = "tracekit.loop_wait_ms"
 MAX_BLOCK_MS: Final = "tracekit.max_block_ms"

@@ -149,6 +149,8 @@ def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait
     attrs[LOOP_WAIT_MS] = loop_wait / MS
     attrs[MAX_BLOCK_MS] = led.max_block / MS
     attrs[ON_LOOP] = cpu_on >= led.cpu_off and cpu_on > 0
+    if led.cpu_off > 0:
+        attrs[semconv.CPU_OFF_LOOP_MS] = led.cpu_off / MS
     attrs[STEPS] = led.steps
     if children:
         attrs[CHILDREN_MS] = children / MS
@@ -228,6 +230,8 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
     attrs[OVERHEAD_MS] = max(0.0, wall - model_wait / MS)
     attrs[MAX_BLOCK_MS] = max_block / MS
     attrs[ON_LOOP] = cpu_on * 2 >= cpu and cpu > 0
+    if cpu > cpu_on:
+        attrs[semconv.CPU_OFF_LOOP_MS] = (cpu - cpu_on) / MS
     attrs[INFLIGHT] = request.inflight
     if blocked_at:
         attrs[BLOCKED_AT] = blocked_at

@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from tracekit._core import clock, current
+from tracekit._core import clock, current, handoff
 from tracekit._core.failsafe import internal_error, logger
 from tracekit._core.request_record import HANDED_ON, Request
 from tracekit._export import shutdown
@@ -94,6 +94,7 @@ class Runtime:
         self._hand_over = sdk.hand_over  # a request's spans to one of them (in one go if it can)
         self._sync_multi = sdk.sync_multi_type() if processor is not None else None
         shutdown.runtimes.add(self)
+        handoff.install()  # work requests hand to thread and process pools is timed from now on
 
     @property
     def enabled(self) -> bool:

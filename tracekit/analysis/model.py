@@ -21,9 +21,12 @@ per span and one record per span, so their constructor is on the hot path.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from msgspec import Struct, field
+
+from tracekit.semconv import CPU_OFF_LOOP_MS
 
 #: Span kinds, normalised from OTLP integers (1..5) and Jaeger's ``span.kind`` tag.
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -146,3 +149,38 @@ class RequestRecord(Struct, array_like=True):
     def wall_ms(self) -> float:
         """End-to-end latency in milliseconds, never negative."""
         return max(0, self.end_ns - self.start_ns) / 1e6
+
+
+def _duration(attributes: dict[str, Any], key: str) -> float | None:
+    value = attributes.get(key)
+    if (type(value) is float or type(value) is int) and 0 <= value < math.inf:
+        return float(value)
+    return None
+
+
+def stage_cpu_split(stage: StageRecord) -> tuple[float, float]:
+    """A stage's CPU as ``(on the loop, off it)`` in ms (0, 0 when unknown).
+
+    Traces of this version say how much ran off the loop
+    (``tracekit.cpu_off_loop_ms``: a sync stage in a worker thread, work handed to thread
+    and process pools); older ones only whether the stage ran on it (``tracekit.on_loop``).
+    """
+    cpu = stage.cpu_ms
+    if cpu is None:
+        return 0.0, 0.0
+    off = _duration(stage.attributes, CPU_OFF_LOOP_MS)
+    if off is None:
+        off = cpu if stage.on_loop is False else 0.0
+    off = min(off, cpu)
+    return cpu - off, off
+
+
+def own_cpu_split(req: RequestRecord, stage_cpu: float, stage_off: float) -> tuple[float, float]:
+    """The request's own CPU (outside its stages) as ``(on the loop, off it)`` in ms, given
+    its stages' CPU and the part of it off the loop: the request span's figures are totals."""
+    if req.cpu_ms is None:
+        return 0.0, 0.0
+    own = max(0.0, req.cpu_ms - stage_cpu)
+    total_off = _duration(req.attributes, CPU_OFF_LOOP_MS)
+    off = min(own, max(0.0, total_off - stage_off)) if total_off is not None else 0.0
+    return own - off, off

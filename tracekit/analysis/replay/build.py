@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.model import RequestRecord, StageRecord, stage_cpu_split
 from tracekit.analysis.replay.fixes import (
     THREADS,
     Blocks,
@@ -379,7 +379,7 @@ class ProgramBuilder:
                 stage,
                 stage.start_ns,
                 stage.end_ns,
-                stage.cpu_ms or 0.0,
+                stage_cpu_split(stage)[0],  # work it handed to a pool is not the loop's
                 own,
                 stage.loop_waits,
                 stage.max_block_ms,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit import semconv
-from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.model import RequestRecord, StageRecord, own_cpu_split, stage_cpu_split
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.stats.intervals import Interval, StageTree
 
@@ -81,12 +81,14 @@ def _usage(
 ) -> dict[str | None, Usage]:
     """:func:`loop_usage` from the request's own slices and each stage's (``pieces``)."""
     out: dict[str | None, Usage] = {}
-    stage_cpu = stage_gc = 0.0
+    stage_cpu = stage_off = stage_gc = 0.0
     for stage, stage_pieces in zip(req.stages, pieces, strict=True):
         cpu = stage.cpu_ms
         if cpu is None:
             continue
         stage_cpu += cpu
+        on, off = stage_cpu_split(stage)
+        stage_off += off
         gc = gc_ms(stage.attributes)
         stage_gc += gc
         if stage.on_loop is False:
@@ -94,13 +96,13 @@ def _usage(
         usage = out.get(stage.name)
         if usage is None:
             usage = out[stage.name] = Usage(stage=stage)
-        _add(usage, cpu, stage_pieces, stage.max_block_ms, stage.blocked_at)
+        _add(usage, on, stage_pieces, stage.max_block_ms, stage.blocked_at)
         usage.gc_ms += gc
     if req.cpu_ms is not None:
         usage = out.get(OWN)
         if usage is None:
             usage = out[OWN] = Usage()
-        _add(usage, max(0.0, req.cpu_ms - stage_cpu), own, None, req.blocked_at)
+        _add(usage, own_cpu_split(req, stage_cpu, stage_off)[0], own, None, req.blocked_at)
         usage.gc_ms += max(0.0, gc_ms(req.attributes) - stage_gc)
     return out
 

@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from tracekit import semconv
-from tracekit.analysis.model import RequestRecord, StageRecord
+from tracekit.analysis.model import RequestRecord, StageRecord, own_cpu_split, stage_cpu_split
 from tracekit.analysis.slo import SLO, request_itl_ms, request_tpot_ms
 from tracekit.analysis.stats.intervals import qualified_name
 from tracekit.analysis.stats.quantiles import Quantiles
@@ -52,10 +52,9 @@ def _breakdown(
         cpu = row[1]
         if cpu is not None:
             stage_cpu += cpu
-            if row[4] is False:
-                off += cpu
-            else:
-                on += cpu
+            stage_on, stage_off = stage_cpu_split(stage)
+            on += stage_on
+            off += stage_off
         wait = row[2]
         if wait is not None:
             if stage.kind == semconv.KIND_MODEL:
@@ -64,8 +63,9 @@ def _breakdown(
                 io += wait
         if row[3] is not None:
             loop += row[3]
-    if req.cpu_ms is not None:
-        on += max(0.0, req.cpu_ms - stage_cpu)
+    own_on, own_off = own_cpu_split(req, stage_cpu, off)
+    on += own_on
+    off += own_off
     return (
         on,
         off,
