@@ -71,6 +71,7 @@ def black_hole() -> Iterator[str]:
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
     listener.close()
     for conn in held:
         conn.close()
