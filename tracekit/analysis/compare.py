@@ -287,6 +287,12 @@ def compare(
     wanted = _parse_finding(finding)
     jaeger = {"service": service, "lookback": lookback, "limit": limit, "timeout": timeout,
               "max_response_mb": max_response_mb}  # fmt: skip
+    given = lookback != "1h" or any(v is not None for k, v in jaeger.items() if k != "lookback")
+    if given and not any(isinstance(s, str) and is_url(s) for s in (before, after)):
+        raise ConfigurationError(
+            "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
+            "query URL, and neither run is one"
+        )
     b_report, b_values = _measure(before, "before", route, jaeger)
     a_report, a_values = _measure(after, "after", route, jaeger)
     common = [name for name in b_values if name in a_values]
@@ -411,11 +417,14 @@ def _route(
     confidence: float,
     draws: int,
 ) -> RouteComparison:
-    def quantiles(key: str, before: array[float], after: array[float],
-                  which: tuple[tuple[str, float], ...]) -> dict[str, Change]:  # fmt: skip
+    def quantiles(
+        key: str, before: array[float], after: array[float], which: tuple[tuple[str, float], ...]
+    ) -> dict[str, Change]:
         return {
-            label: quantile_change(before, after, q, confidence=confidence, draws=draws,
-                                   rng=_rng(seed, name, f"{key} {label}"))  # fmt: skip
+            label: quantile_change(
+                before, after, q, confidence=confidence, draws=draws,
+                rng=_rng(seed, name, f"{key} {label}"),
+            )  # fmt: skip
             for label, q in which
         }
 
