@@ -131,15 +131,17 @@ class _Renderer:
             for name, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
                 for key, change in (streaming.get(name) or {}).items():
                     self._row(f"{label} {_s(key)} ms", change)
+            self._wrap("(ITL: each request's own p95 inter-chunk gap)", 4 + _LABEL, p.dim)
         parts = r.get("breakdown_ms")
         if isinstance(parts, Mapping):
             self._add("  breakdown, mean ms per request")
             for key, change in parts.items():
-                self._row(f"  {_s(key).replace('_', ' ')}", change)
-        projections = r.get("projections") or []
+                if not _zero_in_both(change):  # e.g. no GC pauses in either run: not shown
+                    self._row(f"  {_s(key).replace('_', ' ')}", change)
+        projections = [c for c in r.get("projections") or [] if isinstance(c, Mapping)]
         if projections:
             self._add("  projected (before's findings, each fix alone) vs measured")
-            for check in projections:
+            for check in sorted(projections, key=lambda c: not c.get("selected")):
                 self._projection(check)
 
     def _row(self, label: str, c: Any) -> None:
@@ -195,6 +197,10 @@ class _Renderer:
         # Wrapped as plain text, the whole line in the verdict's colour: codes take no columns.
         self._wrap(f"{label:<4} projected {projected}, measured {shown}: {said}", 6,
                    _tone(self.p, verdict), hang=5)  # fmt: skip
+
+
+def _zero_in_both(change: Any) -> bool:
+    return isinstance(change, Mapping) and change.get("before") == 0 and change.get("after") == 0
 
 
 def _tone(p: Palette, verdict: str) -> str:
