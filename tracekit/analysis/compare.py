@@ -18,8 +18,10 @@ projected finding of a route is checked and listed; the selected one is marked.
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import stat
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -378,9 +380,12 @@ def _measure(
 
 def _is_report(source: Any) -> bool:
     # Only on the error path: does the file start like a tracekit JSON report?
+    # A regular file only: a pipe (<(zcat ...)) was consumed by the reader already.
     if not isinstance(source, str):
         return False
     try:
+        if not stat.S_ISREG(os.stat(source).st_mode):
+            return False
         with open(source, "rb") as f:
             head = f.read(4096)
     except (OSError, ValueError):

@@ -19,9 +19,10 @@ difference ``after - before`` and for the relative change ``after / before - 1``
   change by the delta method on the ratio of the means. Needs :data:`MIN_MEAN_N` values a side.
 - **Throughput**: a run's active window (first request's start to last request's end, as the
   report measures throughput) is cut into equal bins of about a second (at least
-  :data:`MIN_BINS`); each bin's completions over its width is one rate observation, whose
-  mean is exactly requests / window. Welch's interval of the bin rates' means follows. The
-  bins treat completions a second apart as independent, which a steady load gives roughly.
+  :data:`MIN_BINS`, at most one per request); each bin's completions over its width is one
+  rate observation, whose mean is exactly requests / window. Welch's interval of the bin
+  rates' means follows. The bins treat completions a second apart as independent, which a
+  steady load gives roughly.
 
 Randomness comes from a ``random.Random`` passed in, so results are reproducible.
 """
@@ -234,13 +235,16 @@ def bin_rates(ends_ns: Sequence[int], first_ns: int, last_ns: int) -> list[float
         first_ns / last_ns: the window: the first request's start, the last one's end.
 
     Returns:
-        One rate per bin (``max(MIN_BINS, whole seconds of the window)`` bins); their mean is
-        ``len(ends_ns)`` over the window. Empty when the window is empty.
+        One rate per bin: whole seconds of the window, at most one bin per request, at least
+        :data:`MIN_BINS`; their mean is ``len(ends_ns)`` over the window. Empty when the
+        window is empty.
     """
     window = last_ns - first_ns
     if window <= 0:
         return []
-    bins = max(MIN_BINS, window // 1_000_000_000)
+    # About a second each, but never more bins than requests: a window stretched by an idle
+    # gap (or by hostile timestamps) must not allocate billions of empty bins.
+    bins = max(MIN_BINS, min(window // 1_000_000_000, len(ends_ns)))
     width = window / bins
     counts = [0] * bins
     for end in ends_ns:
