@@ -62,7 +62,7 @@ def test_every_bad_input_is_one_line_and_exit_2(runs: tuple[str, str], tmp_path:
         "bad finding": ([before, after, "--finding", "BAD RULE"], "RULE or RULE:STAGE"),
         "unmatched finding": ([before, after, "--finding", "fp32-weights"], "its projected findings:"),
         "confidence": ([before, after, "--confidence", "2"], "confidence must be between"),
-        "missing AFTER": ([before], "the following arguments are required: after"),
+        "missing AFTER": ([before], "the following arguments are required: AFTER"),
         "-o is a trace file": ([before, after, "-o", after], "is the trace file being read"),
         "query options on files": ([before, after, "--service", "gw"], "neither run is one"),
     }

@@ -123,8 +123,12 @@ def add_compare_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
         description="Compare two runs' traces per route: the measured change with confidence "
         "intervals, and BEFORE's projections next to it (docs/analyzer.md).",
     )
-    p.add_argument("before", help="the traces before the change (a trace file or Jaeger URL)")
-    p.add_argument("after", help="the traces after the change (a trace file or Jaeger URL)")
+    p.add_argument(
+        "before", metavar="BEFORE", help="the traces before the change (a trace file or Jaeger URL)"
+    )
+    p.add_argument(
+        "after", metavar="AFTER", help="the traces after the change (a trace file or Jaeger URL)"
+    )
     p.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default text)"
     )

@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 import tracekit
+from tests.analysis import factories
 from tests.helpers import gen_traces
 from tracekit import semconv
 from tracekit.analysis.compare import Comparison, compare
 from tracekit.analysis.model import Span
+from tracekit.analysis.stats import route_values
+from tracekit.analysis.stats.aggregate import OTHER_ROUTES
 from tracekit.errors import ConfigurationError, SourceNotFoundError
 
 _ids = itertools.count(1)
@@ -93,6 +96,23 @@ def test_bad_inputs_are_one_clear_error(tmp_path: Path) -> None:
         with pytest.raises(error) as info:
             compare(*sources, **options)
         assert message in str(info.value), (message, str(info.value))
+
+
+def test_route_values_keep_each_request_and_pool_routes_past_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(route_values, "MAX_ROUTES", 2)
+    collector = route_values.RouteCollector()
+    streamed = factories.request("GET /a", 0, 120, chunks=5, ttft_ms=40.0, itl_p95_ms=9.0)
+    for req in (streamed, factories.request("GET /b", 10, 50, instrumented=False),
+                factories.request("GET /c", 20, 30), factories.request("GET /a", 30, 60)):
+        collector.add(req)  # fmt: skip
+    assert list(collector.routes) == ["GET /a", "GET /b", OTHER_ROUTES]
+    a = collector.routes["GET /a"]
+    assert list(a.wall) == [120.0, 30.0] and list(a.ttft) == [40.0] and list(a.itl) == [9.0]
+    assert len(a.parts[0]) == 2 and len(collector.routes["GET /b"].parts[0]) == 0
+    assert (a.first_ns, a.last_ns) == (factories.ns(0), factories.ns(120))
+    assert sum(a.rates()) / len(a.rates()) == pytest.approx(2 / 0.12)
 
 
 def test_jaeger_options_go_to_the_url_side() -> None:

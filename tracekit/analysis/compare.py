@@ -4,11 +4,11 @@ checked against it.
 Both runs are read by the analyzer itself (:func:`tracekit.analysis.api.analyze`, so any
 source it takes: trace files, a Jaeger query URL, in-memory spans), with an ``observe`` hook
 that keeps, per route, what the intervals need of each request: its latency and end time, TTFT
-and ITL when it streamed, the breakdown when it is instrumented. Those are arrays of floats,
-about 90 bytes a request: unlike ``analyze``, ``compare``'s memory grows with the requests
-(a million requests a side, about 180 MB). The statistics are in
-:mod:`tracekit.analysis.stats.confidence`; the projection verdicts in
-:mod:`tracekit.analysis.projection_check`.
+and ITL when it streamed, the breakdown when it is instrumented
+(:mod:`tracekit.analysis.stats.route_values`). Those are arrays of floats, about 90 bytes a
+request: unlike ``analyze``, ``compare``'s memory grows with the requests (a million requests
+a side, about 180 MB). The statistics are in :mod:`tracekit.analysis.stats.confidence`; the
+projection verdicts in :mod:`tracekit.analysis.projection_check`.
 
 Which projection is "the change made": BEFORE's findings each project one fix applied alone.
 ``finding="RULE[:STAGE]"`` names the fix that was made; by default it is the first finding
@@ -29,93 +29,21 @@ from typing import Any
 
 import orjson
 
-from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.projection_check import ProjectionCheck, check_finding
 from tracekit.analysis.readers.jaeger_api import is_url
 from tracekit.analysis.report import Report
-from tracekit.analysis.slo import request_itl_ms
-from tracekit.analysis.stats.aggregate import BREAKDOWN_KEYS, OTHER_ROUTES, breakdown
-from tracekit.analysis.stats.confidence import (
-    Change,
-    bin_rates,
-    mean_change,
-    quantile_change,
-    rate_change,
-)
+from tracekit.analysis.stats.confidence import Change, mean_change, quantile_change, rate_change
+from tracekit.analysis.stats.route_stats import BREAKDOWN_KEYS
+from tracekit.analysis.stats.route_values import RouteCollector, RouteValues
 from tracekit.errors import ConfigurationError, TraceFormatError, TracekitError
 
-__all__ = ["SCHEMA", "Comparison", "RouteComparison", "RouteValues", "Side", "compare"]
+__all__ = ["SCHEMA", "Comparison", "RouteComparison", "Side", "compare"]
 
 SCHEMA = "tracekit.compare/1"
 #: Percentiles compared: latency, and TTFT / ITL of streamed requests.
 LATENCY_QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
 STREAM_QUANTILES = (("p50", 0.50), ("p95", 0.95))
-#: Distinct routes kept a side; later ones are pooled, as the analyzer pools them.
-MAX_ROUTES = 500
 _FINDING = re.compile(r"[a-z0-9][a-z0-9-]*(:.+)?")
-
-
-class RouteValues:
-    """What the intervals need of each request of one route (per-request arrays).
-
-    Attributes:
-        wall: latency, ms. ends: end times, epoch ns (as floats: bins of a second or
-            so do not need the last nanoseconds). first_ns / last_ns: the earliest start and
-            latest end. ttft / itl: TTFT and ITL (each request's p95 gap, the report's
-            ``streaming.itl_ms``) of streamed requests. parts: the breakdown of instrumented
-            requests, one array per ``BREAKDOWN_KEYS`` item. errors: requests in error.
-    """
-
-    __slots__ = ("ends", "errors", "first_ns", "itl", "last_ns", "parts", "ttft", "wall")
-
-    def __init__(self) -> None:
-        self.wall = array("d")
-        self.ends = array("d")
-        self.ttft = array("d")
-        self.itl = array("d")
-        self.parts = [array("d") for _ in BREAKDOWN_KEYS]
-        self.errors = 0
-        self.first_ns: int | None = None
-        self.last_ns: int | None = None
-
-    def add(self, req: RequestRecord) -> None:
-        """Keep one request's values. Cost: O(stages) for its breakdown."""
-        self.wall.append(req.wall_ms)
-        self.ends.append(float(req.end_ns))
-        if self.first_ns is None or req.start_ns < self.first_ns:
-            self.first_ns = req.start_ns
-        if self.last_ns is None or req.end_ns > self.last_ns:
-            self.last_ns = req.end_ns
-        self.errors += req.error
-        if req.chunks is not None and req.chunks > 1:  # streamed, as the report counts them
-            if req.ttft_ms is not None:
-                self.ttft.append(req.ttft_ms)
-            itl = request_itl_ms(req)
-            if itl is not None:
-                self.itl.append(itl)
-        parts = breakdown(req)
-        if parts is not None:
-            for values, value in zip(self.parts, parts, strict=True):
-                values.append(value)
-
-    def rates(self) -> list[float]:
-        """Completions per second in bins of the active window (:func:`bin_rates`)."""
-        if self.first_ns is None or self.last_ns is None:
-            return []
-        return bin_rates([int(e) for e in self.ends], self.first_ns, self.last_ns)
-
-
-class _Collector:
-    # The analyzer's observe hook: requests by route, at most MAX_ROUTES of them.
-    def __init__(self) -> None:
-        self.routes: dict[str, RouteValues] = {}
-
-    def add(self, req: RequestRecord) -> None:
-        values = self.routes.get(req.route)
-        if values is None:
-            name = req.route if len(self.routes) < MAX_ROUTES else OTHER_ROUTES
-            values = self.routes.setdefault(name, RouteValues())
-        values.add(req)
 
 
 @dataclass
@@ -359,7 +287,7 @@ def _measure(
 ) -> tuple[Report, dict[str, RouteValues]]:
     from tracekit.analysis.api import analyze
 
-    collector = _Collector()
+    collector = RouteCollector()
     options = jaeger if isinstance(source, str) and is_url(source) else {}
     try:
         report = analyze(source, route=route, observe=collector.add, **options)
