@@ -10,7 +10,9 @@ import tracekit
 
 def test_all_is_sorted_and_exactly_the_design_api() -> None:
     assert tracekit.__all__ == sorted(tracekit.__all__)
-    assert set(tracekit.__all__) == {"TracekitMiddleware", "analyze", "configure", "record", "stage"}
+    assert set(tracekit.__all__) == {
+        "TracekitMiddleware", "analyze", "compare", "configure", "record", "stage",
+    }
     for name in tracekit.__all__:
         assert getattr(tracekit, name).__doc__, f"tracekit.{name} has no docstring"
 

@@ -7,6 +7,7 @@ The public API (DESIGN §3)::
     tracekit.configure(service_name="gateway", exporter="otlp")
     with tracekit.record() as rec: ...;  rec.report()
     tracekit.analyze("traces.jsonl")
+    tracekit.compare("before.jsonl", "after.jsonl")
 
 Importing tracekit loads the OpenTelemetry API only (no SDK, no web framework).
 """
@@ -24,7 +25,7 @@ from tracekit.middleware import TracekitMiddleware  # noqa: E402
 from tracekit.recording import record  # noqa: E402
 from tracekit.stage import stage  # noqa: E402
 
-__all__ = ["TracekitMiddleware", "analyze", "configure", "record", "stage"]
+__all__ = ["TracekitMiddleware", "analyze", "compare", "configure", "record", "stage"]
 
 
 def analyze(source: Any, **options: Any) -> Any:
@@ -41,3 +42,21 @@ def analyze(source: Any, **options: Any) -> Any:
     from tracekit.analysis.api import analyze as _analyze
 
     return _analyze(source, **options)
+
+
+def compare(before: Any, after: Any, **options: Any) -> Any:
+    """Compare two runs per route (``tracekit.analysis.compare.compare``).
+
+    Args:
+        before: the traces before the change, as :func:`analyze` takes them.
+        after: the traces after it.
+        **options: ``route=``, ``finding="RULE[:STAGE]"``, ``confidence=``, ``draws=``,
+            ``seed=``, and the Jaeger options of :func:`analyze`.
+
+    Returns:
+        A ``Comparison``: the measured change per route with confidence intervals, and
+        BEFORE's projections checked against it (``.routes``, ``.to_dict()``, ``.to_text()``).
+    """
+    from tracekit.analysis.compare import compare as _compare
+
+    return _compare(before, after, **options)

@@ -6,6 +6,8 @@
                             [--fail-on high|medium|low]
     tracekit analyze --jaeger URL --service NAME [--lookback 1h] [--limit N]
                      [--timeout SECONDS] [--max-response-mb MB] [...]
+    tracekit compare BEFORE AFTER [--format text|json] [-o FILE] [--route R]
+                     [--finding RULE[:STAGE]] [--confidence 0.95] [--service NAME] [...]
 
 Exit codes: 0 done; 1 a finding at or above ``--fail-on`` exists (CI gate); 2 bad input or
 usage (one line on stderr, ``tracekit: error: ...``, never a traceback); 3 an internal error
@@ -109,8 +111,65 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     p.set_defaults(handler=_run_analyze)
 
 
+def add_compare_command(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    """Register ``tracekit compare``.
+
+    Args:
+        subparsers: the object ``ArgumentParser.add_subparsers`` returned.
+    """
+    p = subparsers.add_parser(
+        "compare",
+        help="measured change between two runs, and the projections checked",
+        description="Compare two runs' traces per route: the measured change with confidence "
+        "intervals, and BEFORE's projections next to it (docs/analyzer.md).",
+    )
+    p.add_argument(
+        "before", metavar="BEFORE", help="the traces before the change (a trace file or Jaeger URL)"
+    )
+    p.add_argument(
+        "after", metavar="AFTER", help="the traces after the change (a trace file or Jaeger URL)"
+    )
+    p.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default text)"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the comparison here instead of stdout (a file is replaced atomically)",
+    )
+    p.add_argument("--route", help="compare only this route ('POST /v1/chat' or '/v1/chat')")
+    p.add_argument(
+        "--finding",
+        metavar="RULE[:STAGE]",
+        help="the fix that was made, among BEFORE's findings (default: each route's top "
+        "finding with a projection)",
+    )
+    p.add_argument(
+        "--confidence",
+        type=_positive_float,
+        default=0.95,
+        help="the confidence intervals' coverage, 0.5 to 0.995 (default 0.95)",
+    )
+    p.add_argument("--service", help="service to query (for a Jaeger URL side)")
+    p.add_argument(
+        "--lookback", default="1h", help="how far back to query (for a Jaeger URL side; default 1h)"
+    )
+    p.add_argument("--limit", type=_positive_int, help="most traces to fetch (for a Jaeger URL side)")
+    p.add_argument(
+        "--timeout", type=_positive_float, metavar="SECONDS", help="deadline of a Jaeger query"
+    )
+    p.add_argument(
+        "--max-response-mb", type=_positive_float, metavar="MB", help="largest Jaeger answer read"
+    )
+    p.set_defaults(handler=_run_compare)
+
+
 #: Subcommand registrars, in help order.
-COMMANDS: list[Callable[[argparse._SubParsersAction[_Parser]], None]] = [add_analyze_command]
+COMMANDS: list[Callable[[argparse._SubParsersAction[_Parser]], None]] = [
+    add_analyze_command,
+    add_compare_command,
+]
 
 
 def _version() -> str:
@@ -252,6 +311,41 @@ def _run_analyze(args: argparse.Namespace) -> int:
         write_output(args.output, text)
     if args.fail_on is not None and _reaches(report.worst_severity(), args.fail_on):
         return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from tracekit.analysis.compare import compare
+
+    for source in (args.before, args.after):
+        if args.output is not None:
+            _check_output(args.output, source)  # before reading, not after
+    comparison = compare(
+        args.before,
+        args.after,
+        route=args.route,
+        finding=args.finding,
+        confidence=args.confidence,
+        service=args.service,
+        lookback=args.lookback,
+        limit=args.limit,
+        timeout=args.timeout,
+        max_response_mb=args.max_response_mb,
+    )
+    for side in (comparison.before, comparison.after):
+        for warning in side.warnings:
+            line = escape_controls(" ".join(warning.split()))
+            print(f"tracekit: warning: {side.source}: {line}", file=sys.stderr)
+    if args.format == "json":
+        text = comparison.to_json() + "\n"
+    else:
+        text = comparison.to_text(
+            width=None if args.output is None else 100, color=False if args.output else None
+        )
+    if args.output is None:
+        _write_stdout(text)
+    else:
+        write_output(args.output, text)
     return EXIT_OK
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from tracekit.analysis.model import Span
+from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.report import Report, build_report
@@ -36,6 +36,7 @@ def analyze(
     limit: int | None = None,
     timeout: float | None = None,
     max_response_mb: float | None = None,
+    observe: Callable[[RequestRecord], None] | None = None,
 ) -> Report:
     """Analyse traces and report what is slow and what fixes it.
 
@@ -53,6 +54,9 @@ def analyze(
         limit: the most traces to fetch (Jaeger URL sources).
         timeout: seconds the whole Jaeger query may take (default 60).
         max_response_mb: the largest Jaeger answer read, in MiB (default 256).
+        observe: called with every request analysed, as it is assembled (``tracekit
+            compare`` keeps per-request values this way); the file is then read in one
+            process, since a callable does not reach the parallel reader's workers.
 
     Returns:
         The :class:`~tracekit.analysis.report.Report`.
@@ -75,7 +79,7 @@ def analyze(
 
     targets = parse_slo(slo)
     options = (service, limit, timeout, max_response_mb)
-    if lookback == "1h" and all(option is None for option in options):
+    if lookback == "1h" and observe is None and all(option is None for option in options):
         report = _analyze_in_parallel(source, route, targets)
         if report is not None:
             return report
@@ -88,7 +92,9 @@ def analyze(
         max_response_mb=max_response_mb,
     )
     try:
-        report = analyze_spans(stream, source=stream.source, route=route, slo=targets)
+        report = analyze_spans(
+            stream, source=stream.source, route=route, slo=targets, observe=observe
+        )
     finally:
         stream.close()
     _warn(report, stream.stats)
@@ -173,6 +179,7 @@ def analyze_spans(
     source: str = "memory",
     route: str | None = None,
     slo: SLO | None = None,
+    observe: Callable[[RequestRecord], None] | None = None,
 ) -> Report:
     """The pipeline behind :func:`analyze`, from spans already read.
 
@@ -181,6 +188,7 @@ def analyze_spans(
         source: what was read, for the report.
         route: as in :func:`analyze`.
         slo: parsed targets.
+        observe: as in :func:`analyze`.
 
     Returns:
         The report.
@@ -188,7 +196,7 @@ def analyze_spans(
     Raises:
         ConfigurationError: ``route`` matched no request.
     """
-    pipeline = Pipeline(Settings(slo=slo, route=route))
+    pipeline = Pipeline(Settings(slo=slo, route=route), observe=observe)
     with _gc_paused():
         iterator = iter(spans)
         while batch := list(itertools.islice(iterator, BATCH_SPANS)):

@@ -25,7 +25,7 @@ the next range (:meth:`Pipeline.end_state`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tracekit.analysis.assembly.grouping import Group, Window
@@ -74,6 +74,8 @@ class Pipeline:
         pack_sample: keep the request sample packed (a worker sends it on).
         continues: this is a byte range after the first, whose start may cut traces of the
             previous range (see the module docstring).
+        observe: called with each request counted (of the analysed route), before the
+            aggregator sees it (``tracekit compare`` keeps per-request values this way).
 
     Attributes:
         aggregator: the statistics and the sample.
@@ -87,8 +89,16 @@ class Pipeline:
     aggregation.
     """
 
-    def __init__(self, settings: Settings, *, pack_sample: bool = False, continues: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pack_sample: bool = False,
+        continues: bool = False,
+        observe: Callable[[RequestRecord], None] | None = None,
+    ) -> None:
         self.settings = settings
+        self.observe = observe
         self.aggregator = Aggregator(
             slo=settings.slo, sample_size=settings.sample_size, pack_sample=pack_sample
         )
@@ -186,6 +196,8 @@ class Pipeline:
         route = self.settings.route
         if route is None or route_matches(req.route, route):
             self.matched[req.route] = None
+            if self.observe is not None:
+                self.observe(req)  # before the aggregator compacts the records it keeps
             self.aggregator.add(req)
         else:
             if len(self.others) < self.settings.routes_quoted:

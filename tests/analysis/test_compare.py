@@ -1,0 +1,157 @@
+"""``tracekit.compare``: two runs read by the analyzer's pipeline, compared per route."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import socket
+from pathlib import Path
+
+import pytest
+
+import tracekit
+from tests.analysis import factories
+from tests.helpers import gen_traces
+from tracekit import semconv
+from tracekit.analysis.compare import Comparison, compare
+from tracekit.analysis.model import Span
+from tracekit.analysis.stats import route_values
+from tracekit.analysis.stats.aggregate import OTHER_ROUTES
+from tracekit.errors import ConfigurationError, SourceNotFoundError
+
+_ids = itertools.count(1)
+T0 = 1_767_225_600 * 10**9
+
+
+def server_spans(route: str, n: int, seed: int, *, shift_ms: float = 0.0) -> list[Span]:
+    """Plain OpenTelemetry request spans: Poisson arrivals at 50/s, log-normal latency."""
+    rng = random.Random(seed)
+    method, path = route.split(" ", 1)
+    spans, t = [], float(T0)
+    for _ in range(n):
+        t += rng.expovariate(50) * 1e9
+        latency_ms = 100 * rng.lognormvariate(0, 0.4) + shift_ms
+        i = next(_ids)
+        spans.append(Span(
+            f"{i:032x}", f"{i:016x}", None, route, "server", int(t), int(t + latency_ms * 1e6),
+            "gateway", {semconv.HTTP_ROUTE: path, semconv.HTTP_REQUEST_METHOD: method},
+        ))  # fmt: skip
+    return spans
+
+
+def test_a_known_latency_shift_is_measured_per_route() -> None:
+    before = server_spans("POST /v1/chat", 800, seed=1) + server_spans("GET /health", 30, seed=2)
+    after = server_spans("POST /v1/chat", 800, seed=3, shift_ms=25.0)
+    result = compare(before, after)
+    assert isinstance(result, Comparison)
+    assert [r.route for r in result.routes] == ["POST /v1/chat"]
+    assert (result.only_before, result.only_after) == (["GET /health"], [])
+    route = result.routes[0]
+    assert route.requests == (800, 800)
+    for key in ("p50", "p95", "p99"):
+        change = route.latency[key]
+        assert change.low is not None and change.high is not None
+        assert change.low < 25.0 < change.high, key  # the shift, in the interval
+    assert route.latency["p50"].significant is True and route.latency["p95"].significant is True
+    assert route.throughput.significant is False  # same arrivals rate
+    assert route.breakdown is None and route.streaming is None  # plain OpenTelemetry
+    assert route.projections == []
+    d = result.to_dict()
+    assert d["schema"] == "tracekit.compare/1"
+    assert d["before"]["requests"] == 830 and d["after"]["routes"] == ["POST /v1/chat"]
+    assert d["routes"][0]["latency_ms"]["p50"]["significant"] is True
+    assert compare(before, after).to_dict() == d  # seeded: the same intervals every time
+    assert compare(before, after, seed=1).to_dict() != d
+
+
+def test_no_change_is_said_so() -> None:
+    result = compare(server_spans("GET /a", 400, seed=4), server_spans("GET /a", 400, seed=5))
+    latency = result.routes[0].latency
+    assert latency["p50"].significant is False and latency["p95"].significant is False
+    assert "no significant change" in result.to_text(width=100, color=False)
+
+
+def test_the_public_function_and_route_filter() -> None:
+    before = server_spans("GET /a", 50, seed=6) + server_spans("GET /b", 50, seed=7)
+    after = server_spans("GET /a", 50, seed=8) + server_spans("GET /b", 50, seed=9)
+    result = tracekit.compare(before, after, route="/b")
+    assert [r.route for r in result.routes] == ["GET /b"]
+    assert result.only_before == [] and result.only_after == []
+
+
+def test_bad_inputs_are_one_clear_error(tmp_path: Path) -> None:
+    a = server_spans("GET /a", 20, seed=10)
+    cases = [
+        ((a, server_spans("GET /b", 20, seed=11)), {}, ConfigurationError,
+         "no route is in both runs: before has 'GET /a'; after has 'GET /b'"),
+        (([], a), {}, ConfigurationError, "before: memory has no requests to compare"),
+        ((a, str(tmp_path / "missing.jsonl")), {}, SourceNotFoundError, "after: "),
+        ((a, a), {"finding": "Not A Rule"}, ConfigurationError, "finding must be RULE or RULE:STAGE"),
+        ((a, a), {"finding": "cpu-on-loop"}, ConfigurationError,
+         "no projected finding of before matches 'cpu-on-loop'; its projected findings: none"),
+        ((a, a), {"confidence": 1.5}, ConfigurationError, "confidence must be between"),
+        ((a, a), {"draws": 10}, ConfigurationError, "draws must be an integer >= 200"),
+    ]  # fmt: skip
+    for sources, options, error, message in cases:
+        with pytest.raises(error) as info:
+            compare(*sources, **options)
+        assert message in str(info.value), (message, str(info.value))
+
+
+def test_route_values_keep_each_request_and_pool_routes_past_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(route_values, "MAX_ROUTES", 2)
+    collector = route_values.RouteCollector()
+    streamed = factories.request("GET /a", 0, 120, chunks=5, ttft_ms=40.0, itl_p95_ms=9.0)
+    for req in (streamed, factories.request("GET /b", 10, 50, instrumented=False),
+                factories.request("GET /c", 20, 30), factories.request("GET /a", 30, 60)):
+        collector.add(req)  # fmt: skip
+    assert list(collector.routes) == ["GET /a", "GET /b", OTHER_ROUTES]
+    a = collector.routes["GET /a"]
+    assert list(a.wall) == [120.0, 30.0] and list(a.ttft) == [40.0] and list(a.itl) == [9.0]
+    assert len(a.parts[0]) == 2 and len(collector.routes["GET /b"].parts[0]) == 0
+    assert (a.first_ns, a.last_ns) == (factories.ns(0), factories.ns(120))
+    assert sum(a.rates()) / len(a.rates()) == pytest.approx(2 / 0.12)
+
+
+def test_jaeger_options_go_to_the_url_side() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SourceNotFoundError) as info:
+        compare(server_spans("GET /a", 20, seed=12), f"http://127.0.0.1:{port}", service="gw",
+                lookback="5m", timeout=2)  # fmt: skip
+    assert str(info.value).startswith(f"after: http://127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    # The simulated gateway (bench/gen_traces.py) with 6 ms of tokenize CPU on the loop, then
+    # with 1 ms: the change a cpu-on-loop fix makes to the loop.
+    folder = tmp_path_factory.mktemp("compare")
+    gen = gen_traces()
+    gen.write_jsonl(folder / "before.jsonl", 1_500, rate=40.0, seed=11, tokenize_ms=6.0)
+    gen.write_jsonl(folder / "after.jsonl", 1_500, rate=40.0, seed=12, tokenize_ms=1.0)
+    return folder / "before.jsonl", folder / "after.jsonl"
+
+
+def test_instrumented_runs_compare_breakdown_streams_and_projections(runs: tuple[Path, Path]) -> None:
+    result = compare(str(runs[0]), str(runs[1]), finding="cpu-on-loop:tokenize")
+    route = result.routes[0]
+    assert route.breakdown is not None and route.streaming is not None
+    # Tokenize CPU per request is tokenize_ms * prompt tokens / 800, prompts log-normal(6.5,
+    # 0.6): its mean falls by 5 * e^(6.5 + 0.18) / 800 = 4.97 ms; the rest of the CPU is alike.
+    cpu = route.breakdown["cpu_on_loop"]
+    assert cpu.low is not None and cpu.high is not None and cpu.low < -4.97 < cpu.high < 0
+    assert route.breakdown["cpu_off_loop"].significant is False  # nothing runs off the loop
+    assert set(route.streaming) == {"ttft_ms", "itl_ms"}
+    checks = {c.label: c for c in route.projections}
+    assert "cpu-on-loop:tokenize" in checks
+    assert [c.label for c in route.projections if c.selected] == ["cpu-on-loop:tokenize"]
+    check = checks["cpu-on-loop:tokenize"]
+    assert [m.metric for m in check.metrics] == ["p50_ms", "p95_ms", "throughput_rps"]
+    assert check.metrics[0].measured is route.latency["p50"]
+    assert check.verdict in ("held", "missed", "wrong direction")
+    text = result.to_text(width=100, color=False)
+    assert "cpu-on-loop · tokenize · selected" in text or "cpu-on-loop - tokenize - selected" in text

@@ -1,0 +1,96 @@
+"""BEFORE's projections against the measured change: held, missed, wrong direction."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracekit.analysis.projection_check import check_finding, check_metric
+from tracekit.analysis.stats.confidence import Change
+
+
+def measured(before: float, after: float, rel_ci: tuple[float, float] | None) -> Change:
+    # A measured change with the given relative interval (the absolute one is not used).
+    low, high = rel_ci if rel_ci is not None else (None, None)
+    return Change(before, after, (500, 500), rel_low=low, rel_high=high)
+
+
+def test_a_measured_change_inside_the_projected_range_held() -> None:
+    # Projected p95 200 -> 160..180 (-20%..-10%); measured 210 -> 178 (-15.2%).
+    check = check_metric("p95_ms", (200.0, 170.0), (160.0, 180.0), measured(210, 178, (-0.2, -0.1)))
+    assert check.verdict == "held"
+    assert check.expected == pytest.approx((-0.2, -0.1))
+    assert check.missed_by is None
+
+
+def test_a_point_projection_holds_when_the_interval_covers_it() -> None:
+    # No range: the point -10% is inside the measured interval -12%..-4%.
+    assert check_metric("p50_ms", (100.0, 90.0), None, measured(100, 92, (-0.12, -0.04))).verdict == "held"
+    # Without a measured interval (too few requests) the point must equal it: it misses.
+    check = check_metric("p50_ms", (100.0, 90.0), None, measured(100, 92, None))
+    assert check.verdict == "missed" and check.missed_by == pytest.approx(0.02)
+
+
+def test_a_smaller_gain_than_projected_missed_short() -> None:
+    # Projected -40% (range -45%..-35%); measured -20% (-25%..-15%): short by 15 points.
+    check = check_metric("p50_ms", (100.0, 60.0), (55.0, 65.0), measured(120, 96, (-0.25, -0.15)))
+    assert check.verdict == "missed"
+    assert check.missed_by == pytest.approx(0.15)
+    assert check.short is True
+    d = check.to_dict()
+    assert d["missed_by_pct"] == pytest.approx(15.0) and d["short"] is True
+    assert d["projected_change_pct"] == [pytest.approx(-45.0), pytest.approx(-35.0)]
+    assert d["measured_change_pct"] == pytest.approx(-20.0)
+
+
+def test_a_larger_gain_than_projected_missed_beyond() -> None:
+    check = check_metric("p50_ms", (100.0, 90.0), None, measured(100, 50, (-0.55, -0.45)))
+    assert (check.verdict, check.short) == ("missed", False)
+    assert check.missed_by == pytest.approx(0.4)
+
+
+def test_no_measured_change_misses_a_projected_gain() -> None:
+    # The interval spans 0 but not the projection: short, not the wrong direction.
+    check = check_metric("p95_ms", (100.0, 70.0), None, measured(100, 101, (-0.05, 0.07)))
+    assert (check.verdict, check.short) == ("missed", True)
+
+
+def test_a_significant_change_of_the_other_sign_is_the_wrong_direction() -> None:
+    check = check_metric("p95_ms", (100.0, 80.0), (75.0, 85.0), measured(100, 110, (0.04, 0.16)))
+    assert check.verdict == "wrong direction"
+    assert check.missed_by == pytest.approx(0.25)  # +10% against the range's end, -15%
+    # Throughput projected up, measured significantly down.
+    rps = check_metric("throughput_rps", (40.0, 50.0), None, measured(40, 30, (-0.3, -0.2)))
+    assert rps.verdict == "wrong direction"
+
+
+def test_a_zero_before_cannot_be_checked() -> None:
+    assert check_metric("p50_ms", (0.0, 0.0), None, measured(10, 9, (-0.2, 0.0))).verdict == "unmeasured"
+    assert check_metric("p50_ms", (10.0, 9.0), None, measured(0, 0, None)).verdict == "unmeasured"
+
+
+def test_a_finding_is_checked_on_each_metric_with_its_range_and_model() -> None:
+    finding = {
+        "rule": "cpu-on-loop", "stage": "tokenize", "severity": "high",
+        "projection": {
+            "p50_ms": [100.0, 80.0], "p95_ms": [200.0, 150.0], "throughput_rps": [40, 40],
+            "range": {"p50_ms": [75.0, 85.0], "p95_ms": ["bad", 1]},
+            "model": {"arrivals": "open"},
+        },
+    }  # fmt: skip
+    changes = {
+        "p50_ms": measured(100, 82, (-0.22, -0.14)),  # held: -25%..-15% overlaps
+        "p95_ms": measured(200, 196, (-0.06, 0.02)),  # missed: the point -25%, no usable range
+        "throughput_rps": measured(40, 40.4, (-0.05, 0.07)),  # held: 0 is inside
+    }
+    check = check_finding(finding, changes, still_found=True)
+    assert check.label == "cpu-on-loop:tokenize"
+    assert [m.verdict for m in check.metrics] == ["held", "missed", "held"]
+    assert check.metrics[1].range is None  # a malformed range is ignored, the point used
+    assert check.verdict == "missed"
+    d = check.to_dict()
+    assert d["model"] == {"arrivals": "open"} and d["still_found"] is True
+    assert d["selected"] is False and d["verdict"] == "missed"
+    changes["p95_ms"] = measured(200, 260, (0.2, 0.4))
+    assert check_finding(finding, changes, still_found=False).verdict == "wrong direction"
+    none = check_finding({"rule": "gc-pauses", "projection": {}}, changes, still_found=False)
+    assert (none.metrics, none.verdict, none.label) == ([], "unmeasured", "gc-pauses")

@@ -1,0 +1,57 @@
+"""The comparison for a terminal: the table, the verdicts, escapes, plain ASCII."""
+
+from __future__ import annotations
+
+from tracekit.analysis.compare import Comparison, RouteComparison, Side
+from tracekit.analysis.projection_check import check_finding
+from tracekit.analysis.stats.confidence import Change
+from tracekit.render.compare_text import render_comparison
+
+
+def comparison(route: str = "POST /v1/chat") -> Comparison:
+    p50 = Change(100.0, 80.0, (600, 600), -25.0, -15.0, -0.25, -0.15)
+    p95 = Change(200.0, 204.0, (600, 600), -6.0, 14.0, -0.03, 0.07)
+    p99 = Change(300.0, 290.0, (600, 600), note="a p99 interval needs 500 values a side")
+    rps = Change(40.0, 40.2, (600, 600), -1.0, 1.4, -0.025, 0.035)
+    zero = Change(0.0, 0.0, (600, 600), 0.0, 0.0)
+    finding = {"rule": "cpu-on-loop", "stage": "tokenize", "severity": "high",
+               "projection": {"p50_ms": [100, 60], "p95_ms": [200, 150]}}  # fmt: skip
+    check = check_finding(finding, {"p50_ms": p50, "p95_ms": p95, "throughput_rps": rps},
+                          still_found=False)  # fmt: skip
+    check.selected = True
+    compared = RouteComparison(
+        route=route, requests=(600, 600), errors=(0, 2),
+        latency={"p50": p50, "p95": p95, "p99": p99}, throughput=rps, streaming=None,
+        breakdown={"cpu_on_loop": p50, "gc": zero}, projections=[check],
+    )  # fmt: skip
+    return Comparison(
+        before=Side("before.jsonl", 600, [route]), after=Side("after.jsonl", 600, [route]),
+        routes=[compared], only_before=["GET /health"], only_after=[], confidence=0.95,
+        draws=2000, seed=0,
+    )  # fmt: skip
+
+
+def test_the_table_and_the_verdicts() -> None:
+    text = render_comparison(comparison(), width=100, color=False, unicode=True)
+    lines = text.splitlines()
+    assert lines[0] == "tracekit compare · 95% confidence intervals"
+    assert "  600 → 600 requests · 0 → 2 errors" in lines
+    row = next(line for line in lines if line.lstrip().startswith("latency p50 ms"))
+    assert row.split() == ["latency", "p50", "ms", "100", "80.0", "-20.0", "(-20.0%)", "[-25.0,", "-15.0]"]
+    assert any("latency p95 ms" in line and "no significant change" in line for line in lines)
+    assert "(a p99 interval needs 500 values a side)" in text
+    assert not any(line.lstrip().startswith("gc ") for line in lines)  # zero in both runs
+    assert "  → cpu-on-loop · tokenize · selected · missed · not found in after" in lines
+    # p50: projected -40%, measured -20%: short by 20 points of BEFORE.
+    assert "p50  projected -40.0%, measured -20.0% [-25.0%, -15.0%]: missed by 20.0% (short)" in text
+    assert "p95  projected -25.0%, measured +2.0% [-3.0%, +7.0%]: missed by 27.0% (short)" in text
+    assert lines[-1] == "Only in before: GET /health"
+
+
+def test_trace_text_is_escaped_and_ascii_and_colour_follow_the_stream() -> None:
+    text = render_comparison(comparison("GET /\x1b[2J\u202e"), width=80, color=False, unicode=False)
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "GET /\\x1b[2J\\u202e" in text
+    assert "->" in text and "·" not in text and "→" not in text
+    coloured = render_comparison(comparison(), width=80, color=True, unicode=True)
+    assert "\x1b[33m" in coloured  # missed, in yellow

@@ -1,0 +1,384 @@
+"""``tracekit compare BEFORE AFTER``: the measured change per route, and BEFORE's projections
+checked against it.
+
+Both runs are read by the analyzer itself (:func:`tracekit.analysis.api.analyze`, so any
+source it takes: trace files, a Jaeger query URL, in-memory spans), with an ``observe`` hook
+that keeps, per route, what the intervals need of each request: its latency and end time, TTFT
+and ITL when it streamed, the breakdown when it is instrumented
+(:mod:`tracekit.analysis.stats.route_values`). Those are arrays of floats, about 90 bytes a
+request: unlike ``analyze``, ``compare``'s memory grows with the requests (a million requests
+a side, about 180 MB). The statistics are in :mod:`tracekit.analysis.stats.confidence`; the
+projection verdicts in :mod:`tracekit.analysis.projection_check`.
+
+Which projection is "the change made": BEFORE's findings each project one fix applied alone.
+``finding="RULE[:STAGE]"`` names the fix that was made; by default it is the first finding
+of each route that carries a projection (the most severe, then the largest impact). Every
+projected finding of a route is checked and listed; the selected one is marked.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import stat
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tracekit.analysis.projection_check import ProjectionCheck, check_finding
+from tracekit.analysis.readers.jaeger_api import is_url
+from tracekit.analysis.report import Report
+from tracekit.analysis.stats.confidence import Change, mean_change, quantile_change, rate_change
+from tracekit.analysis.stats.route_stats import BREAKDOWN_KEYS
+from tracekit.analysis.stats.route_values import RouteCollector, RouteValues
+from tracekit.errors import ConfigurationError, TraceFormatError, TracekitError
+
+__all__ = ["SCHEMA", "Comparison", "RouteComparison", "Side", "compare"]
+
+SCHEMA = "tracekit.compare/1"
+#: Percentiles compared: latency, and TTFT / ITL of streamed requests.
+LATENCY_QUANTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))
+STREAM_QUANTILES = (("p50", 0.50), ("p95", 0.95))
+_FINDING = re.compile(r"[a-z0-9][a-z0-9-]*(:.+)?")
+
+
+@dataclass
+class Side:
+    """One run as read: what the comparison says about it besides the statistics.
+
+    Attributes:
+        source: what was read. requests: requests analysed. routes: their routes, busiest
+        first. warnings: what the reader skipped (the CLI prints them).
+    """
+
+    source: str
+    requests: int
+    routes: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``before`` / ``after`` object of ``tracekit.compare/1``."""
+        return {"source": self.source, "requests": self.requests, "routes": list(self.routes)}
+
+
+@dataclass
+class RouteComparison:
+    """One route measured in both runs.
+
+    Attributes:
+        route: its name.
+        requests / errors: (before, after).
+        latency: ``p50``, ``p95``, ``p99`` changes (ms).
+        throughput: requests/s over the active window.
+        streaming: ``{"ttft_ms": {"p50", "p95"}, "itl_ms": {...}}``, or ``None`` when
+            neither run streamed on this route.
+        breakdown: mean ms per request of each ``BREAKDOWN_KEYS`` component, or ``None``
+            when neither run is instrumented.
+        projections: BEFORE's projected findings on this route, checked.
+    """
+
+    route: str
+    requests: tuple[int, int]
+    errors: tuple[int, int]
+    latency: dict[str, Change]
+    throughput: Change
+    streaming: dict[str, dict[str, Change]] | None
+    breakdown: dict[str, Change] | None
+    projections: list[ProjectionCheck] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``routes[]`` item of ``tracekit.compare/1``."""
+        streaming = None
+        if self.streaming is not None:
+            streaming = {k: _changes(v) for k, v in self.streaming.items()}
+        return {
+            "route": self.route,
+            "requests": list(self.requests),
+            "errors": list(self.errors),
+            "latency_ms": _changes(self.latency),
+            "throughput_rps": self.throughput.to_dict(),
+            "streaming": streaming,
+            "breakdown_ms": None if self.breakdown is None else _changes(self.breakdown),
+            "projections": [p.to_dict() for p in self.projections],
+        }
+
+
+def _changes(changes: Mapping[str, Change]) -> dict[str, Any]:
+    return {key: change.to_dict() for key, change in changes.items()}
+
+
+@dataclass
+class Comparison:
+    """Two runs compared; see ``docs/analyzer.md`` ("Comparing two runs") for every key.
+
+    Attributes:
+        before / after: the runs.
+        routes: the routes both runs have, in BEFORE's order (busiest first).
+        only_before / only_after: routes one run has and the other does not.
+        confidence: the intervals' coverage. draws / seed: the bootstrap's.
+        finding: the ``RULE[:STAGE]`` selection, or ``None`` (each route's top finding).
+    """
+
+    before: Side
+    after: Side
+    routes: list[RouteComparison]
+    only_before: list[str]
+    only_after: list[str]
+    confidence: float
+    draws: int
+    seed: int
+    finding: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The comparison as plain data, schema ``tracekit.compare/1``."""
+        return {
+            "schema": SCHEMA,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "method": {
+                "confidence": self.confidence,
+                "percentiles": "bootstrap",
+                "means": "welch",
+                "throughput": "welch over per-bin rates",
+                "draws": self.draws,
+                "seed": self.seed,
+                "finding": self.finding,
+            },
+            "routes": [r.to_dict() for r in self.routes],
+            "only_before": list(self.only_before),
+            "only_after": list(self.only_after),
+        }
+
+    def to_json(self, *, indent: bool = True) -> str:
+        """:meth:`to_dict` as JSON text (non-finite numbers become ``null``)."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 if indent else 0).decode()
+
+    def to_text(self, width: int | None = None, color: bool | None = None) -> str:
+        """The comparison for a terminal (:func:`tracekit.render.compare_text.render_comparison`).
+
+        Args:
+            width: columns; ``None`` asks the terminal (80 when unknown).
+            color: ANSI colour; ``None``: only when stdout is a TTY and ``NO_COLOR`` is unset.
+        """
+        from tracekit.render.compare_text import render_comparison
+
+        return render_comparison(self, width=width, color=color)
+
+
+def compare(
+    before: Any,
+    after: Any,
+    *,
+    route: str | None = None,
+    finding: str | None = None,
+    confidence: float = 0.95,
+    draws: int = 2000,
+    seed: int = 0,
+    service: str | None = None,
+    lookback: str = "1h",
+    limit: int | None = None,
+    timeout: float | None = None,
+    max_response_mb: float | None = None,
+) -> Comparison:
+    """Measure what changed per route between two runs, and check BEFORE's projections.
+
+    Args:
+        before / after: trace sources, as :func:`tracekit.analyze` takes them (a trace file,
+            a Jaeger query URL, in-memory spans).
+        route: compare this route only (full name or path).
+        finding: ``"RULE"`` or ``"RULE:STAGE"``: the fix that was made, among BEFORE's
+            findings; ``None``: each route's top finding with a projection.
+        confidence: the intervals' coverage, between 0.5 and 0.995.
+        draws: bootstrap draws per side and percentile (at least 200).
+        seed: the bootstrap's seed: the same inputs and seed give the same intervals.
+        service, lookback, limit, timeout, max_response_mb: Jaeger query options, applied
+            to whichever side is a Jaeger URL.
+
+    Returns:
+        The :class:`Comparison`.
+
+    Raises:
+        SourceNotFoundError / TraceFormatError / SourceError: a side could not be read (the
+            message starts with ``before:`` or ``after:``).
+        ConfigurationError: a bad option, a side without requests, no route in both runs,
+            or a ``finding`` no projected finding of BEFORE matches.
+
+    Cost: two analyses (rules and replay included) plus, per route, O(n log n) to sort
+    and O(draws) per percentile; memory as the module docstring says.
+    """
+    if not 0.5 <= confidence <= 0.995:
+        raise ConfigurationError(f"confidence must be between 0.5 and 0.995, not {confidence!r}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 200:
+        raise ConfigurationError(f"draws must be an integer >= 200, not {draws!r}")
+    wanted = _parse_finding(finding)
+    jaeger = {"service": service, "lookback": lookback, "limit": limit, "timeout": timeout,
+              "max_response_mb": max_response_mb}  # fmt: skip
+    given = lookback != "1h" or any(v is not None for k, v in jaeger.items() if k != "lookback")
+    if given and not any(isinstance(s, str) and is_url(s) for s in (before, after)):
+        raise ConfigurationError(
+            "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
+            "query URL, and neither run is one"
+        )
+    b_report, b_values = _measure(before, "before", route, jaeger)
+    a_report, a_values = _measure(after, "after", route, jaeger)
+    common = [name for name in b_values if name in a_values]
+    if not common:
+        raise ConfigurationError(
+            f"no route is in both runs: before has {_names(b_values)}; after has "
+            f"{_names(a_values)}"
+        )
+    found_after = {(f.rule, f.route, f.stage) for f in a_report.findings}
+    routes = []
+    for name in common:
+        compared = _route(name, b_values[name], a_values[name], seed, confidence, draws)
+        measured = {"throughput_rps": compared.throughput}
+        measured.update({f"{key}_ms": change for key, change in compared.latency.items()})
+        compared.projections = [
+            check_finding(f.to_dict(), measured, still_found=(f.rule, f.route, f.stage) in found_after)
+            for f in b_report.findings
+            if f.route == name and isinstance(f.projection, Mapping)
+        ]
+        _select(compared.projections, wanted)
+        routes.append(compared)
+    if wanted is not None and not any(c.selected for r in routes for c in r.projections):
+        projected = sorted({c.label for r in routes for c in r.projections})
+        raise ConfigurationError(
+            f"no projected finding of before matches {finding!r}; its projected findings: "
+            f"{', '.join(projected) or 'none'}"
+        )
+    return Comparison(
+        before=_side(b_report, b_values),
+        after=_side(a_report, a_values),
+        routes=routes,
+        only_before=[n for n in b_values if n not in a_values],
+        only_after=[n for n in a_values if n not in b_values],
+        confidence=confidence,
+        draws=draws,
+        seed=seed,
+        finding=finding,
+    )
+
+
+def _parse_finding(finding: str | None) -> tuple[str, str | None] | None:
+    if finding is None:
+        return None
+    if not isinstance(finding, str) or not _FINDING.fullmatch(finding):
+        raise ConfigurationError(
+            f"finding must be RULE or RULE:STAGE (e.g. cpu-on-loop:tokenize), not {finding!r}"
+        )
+    rule, _, stage = finding.partition(":")
+    return rule, stage or None
+
+
+def _select(checks: list[ProjectionCheck], wanted: tuple[str, str | None] | None) -> None:
+    # The selected projection: the first finding matching `wanted`, else the route's first.
+    for check in checks:
+        if wanted is None or (check.rule == wanted[0] and wanted[1] in (None, check.stage)):
+            check.selected = True
+            return
+
+
+def _measure(
+    source: Any, side: str, route: str | None, jaeger: dict[str, Any]
+) -> tuple[Report, dict[str, RouteValues]]:
+    from tracekit.analysis.api import analyze
+
+    collector = RouteCollector()
+    options = jaeger if isinstance(source, str) and is_url(source) else {}
+    try:
+        report = analyze(source, route=route, observe=collector.add, **options)
+    except TraceFormatError as exc:
+        if _is_report(source):
+            raise TraceFormatError(
+                f"{side}: {source} is a tracekit report, not traces: compare needs the traces "
+                "(each request's latency, for the confidence intervals)"
+            ) from exc
+        raise type(exc)(f"{side}: {exc}") from exc
+    except TracekitError as exc:
+        raise type(exc)(f"{side}: {exc}") from exc
+    if not collector.routes:
+        raise ConfigurationError(f"{side}: {report.source} has no requests to compare")
+    report.sample = []  # the replay's sample is not needed any more
+    return report, collector.routes
+
+
+def _is_report(source: Any) -> bool:
+    # Only on the error path: does the file start like a tracekit JSON report?
+    # A regular file only: a pipe (<(zcat ...)) was consumed by the reader already.
+    if not isinstance(source, str):
+        return False
+    try:
+        if not stat.S_ISREG(os.stat(source).st_mode):
+            return False
+        with open(source, "rb") as f:
+            head = f.read(4096)
+    except (OSError, ValueError):
+        return False
+    return re.search(rb'"schema"\s*:\s*"tracekit\.report/', head) is not None
+
+
+def _names(values: Mapping[str, Any]) -> str:
+    names = list(values)
+    shown = ", ".join(repr(n) for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _side(report: Report, values: Mapping[str, RouteValues]) -> Side:
+    return Side(report.source, report.requests, list(values), list(report.warnings))
+
+
+def _rng(seed: int, route: str, metric: str) -> random.Random:
+    # One stream per (route, metric): results do not depend on the order they are computed
+    # in. A str seed is hashed with SHA-512, the same in every process.
+    return random.Random(f"{seed}\x00{route}\x00{metric}")
+
+
+def _throughput(before: RouteValues, after: RouteValues, confidence: float) -> Change:
+    return rate_change(before.rates(), after.rates(), (len(before.wall), len(after.wall)),
+                       confidence=confidence)  # fmt: skip
+
+
+def _route(
+    name: str,
+    b: RouteValues,
+    a: RouteValues,
+    seed: int,
+    confidence: float,
+    draws: int,
+) -> RouteComparison:
+    def quantiles(
+        key: str, before: array[float], after: array[float], which: tuple[tuple[str, float], ...]
+    ) -> dict[str, Change]:
+        return {
+            label: quantile_change(
+                before, after, q, confidence=confidence, draws=draws,
+                rng=_rng(seed, name, f"{key} {label}"),
+            )  # fmt: skip
+            for label, q in which
+        }
+
+    streaming = None
+    if b.ttft or a.ttft or b.itl or a.itl:
+        streaming = {
+            "ttft_ms": quantiles("ttft", b.ttft, a.ttft, STREAM_QUANTILES),
+            "itl_ms": quantiles("itl", b.itl, a.itl, STREAM_QUANTILES),
+        }
+    parts = None
+    if b.parts[0] or a.parts[0]:
+        parts = {
+            key: mean_change(before, after, confidence=confidence)
+            for key, before, after in zip(BREAKDOWN_KEYS, b.parts, a.parts, strict=True)
+        }
+    return RouteComparison(
+        route=name,
+        requests=(len(b.wall), len(a.wall)),
+        errors=(b.errors, a.errors),
+        latency=quantiles("latency", b.wall, a.wall, LATENCY_QUANTILES),
+        throughput=_throughput(b, a, confidence),
+        streaming=streaming,
+        breakdown=parts,
+    )

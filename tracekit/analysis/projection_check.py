@@ -1,0 +1,219 @@
+"""BEFORE's projections checked against the measured change (``tracekit compare``).
+
+A finding's ``projection`` (``tracekit.report/1``) gives, per metric (``p50_ms``, ``p95_ms``,
+``throughput_rps``), ``[before, after]`` from the replay, and may give ``range[metric] =
+[low, high]``: the interval the after value is projected in. Changes are compared relative to
+each side's own before: the replay's before for the projection, the measured BEFORE for the
+measurement (the replay runs on a sample and models the loop, so its before differs a little
+from the measured one; the relative change is what it projects).
+
+Verdicts, per metric (:data:`VERDICTS`):
+
+- ``held``: the measured change's confidence interval overlaps the projected change (its
+  range, else its point): the measurement cannot tell them apart;
+- ``wrong direction``: the projected change is one side of zero (all of its range) and the
+  measured interval lies wholly on the other side;
+- ``missed``: otherwise, by the gap between the measured change and the nearest end of the
+  projected change, in percent of BEFORE, and ``short`` (a smaller change than projected, in
+  the projected direction or none) or ``beyond`` (a larger one);
+- ``unmeasured``: no measured change (a side without that value, or a zero before).
+
+Without a measured interval (too few requests) the measured point stands in for it. A
+finding's verdict is ``wrong direction`` if any metric's is, else ``missed`` if any metric's
+is, else ``held`` if any metric was measured, else ``unmeasured``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit.analysis.stats.confidence import Change
+
+__all__ = ["METRICS", "VERDICTS", "MetricCheck", "ProjectionCheck", "check_finding"]
+
+#: The projection's metrics, in the order they are checked and shown.
+METRICS = ("p50_ms", "p95_ms", "throughput_rps")
+HELD, WRONG, MISSED, UNMEASURED = "held", "wrong direction", "missed", "unmeasured"
+VERDICTS = (HELD, MISSED, WRONG, UNMEASURED)
+
+
+@dataclass
+class MetricCheck:
+    """One metric of one projection, checked.
+
+    Attributes:
+        metric: ``p50_ms``, ``p95_ms`` or ``throughput_rps``.
+        projected: the replay's ``(before, after)``.
+        range: the projected after's ``(low, high)``, or ``None`` (the point is used).
+        expected: the projected relative change ``(low, high)`` (after / before - 1), or
+            ``None`` when the projected before is not positive.
+        measured: the measured change.
+        verdict: one of :data:`VERDICTS`.
+        missed_by: for ``missed`` and ``wrong direction``: the gap, relative to BEFORE.
+        short: for ``missed``: whether the measured change fell short of the projected one.
+    """
+
+    metric: str
+    projected: tuple[float, float]
+    range: tuple[float, float] | None
+    expected: tuple[float, float] | None
+    measured: Change
+    verdict: str
+    missed_by: float | None = None
+    short: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``projections[].metrics[]`` item of ``tracekit.compare/1``."""
+        m = self.measured
+        return {
+            "metric": self.metric,
+            "projected": list(self.projected),
+            "range": None if self.range is None else list(self.range),
+            "projected_change_pct": None if self.expected is None else [100 * e for e in self.expected],
+            "measured": [m.before, m.after],
+            "measured_change_pct": None if m.relative is None else 100 * m.relative,
+            "measured_ci_pct": _percent(m.rel_low, m.rel_high),
+            "verdict": self.verdict,
+            "missed_by_pct": None if self.missed_by is None else 100 * self.missed_by,
+            "short": self.short,
+        }
+
+
+@dataclass
+class ProjectionCheck:
+    """One of BEFORE's projected findings, checked against the measured change.
+
+    Attributes:
+        rule / stage / severity: the finding's.
+        selected: this is the change made (``--finding``, or the route's top projection).
+        still_found: AFTER has a finding of the same rule on the same route and stage.
+        model: the projection's ``model`` object (the replay's assumptions), if it has one.
+        metrics: the checked metrics, in :data:`METRICS` order.
+    """
+
+    rule: str
+    stage: str | None
+    severity: str
+    selected: bool
+    still_found: bool
+    model: Any
+    metrics: list[MetricCheck]
+
+    @property
+    def label(self) -> str:
+        """``RULE`` or ``RULE:STAGE``, as ``--finding`` takes it."""
+        return self.rule if self.stage is None else f"{self.rule}:{self.stage}"
+
+    @property
+    def verdict(self) -> str:
+        """The finding's verdict (module docstring)."""
+        verdicts = {m.verdict for m in self.metrics}
+        for verdict in (WRONG, MISSED, HELD):
+            if verdict in verdicts:
+                return verdict
+        return UNMEASURED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``projections[]`` item of ``tracekit.compare/1``."""
+        return {
+            "rule": self.rule,
+            "stage": self.stage,
+            "severity": self.severity,
+            "selected": self.selected,
+            "verdict": self.verdict,
+            "still_found": self.still_found,
+            "model": self.model,
+            "metrics": [m.to_dict() for m in self.metrics],
+        }
+
+
+def check_finding(
+    finding: Mapping[str, Any], measured: Mapping[str, Change], *, still_found: bool
+) -> ProjectionCheck:
+    """Check one finding's projection against the measured changes.
+
+    Args:
+        finding: a ``findings[]`` item of a ``tracekit.report/1`` report, with a projection.
+        measured: the measured change of each metric of :data:`METRICS`.
+        still_found: whether AFTER still has the finding.
+
+    Returns:
+        The check (not selected: the caller selects).
+    """
+    projection = finding.get("projection")
+    projection = projection if isinstance(projection, Mapping) else {}
+    ranges = projection.get("range")
+    ranges = ranges if isinstance(ranges, Mapping) else {}
+    metrics = []
+    for metric in METRICS:
+        pair = _pair(projection.get(metric))
+        change = measured.get(metric)
+        if pair is not None and change is not None:
+            metrics.append(check_metric(metric, pair, _pair(ranges.get(metric)), change))
+    stage = finding.get("stage")
+    return ProjectionCheck(
+        rule=str(finding.get("rule")),
+        stage=None if stage is None else str(stage),
+        severity=str(finding.get("severity")),
+        selected=False,
+        still_found=still_found,
+        model=projection.get("model"),
+        metrics=metrics,
+    )
+
+
+def check_metric(
+    metric: str,
+    projected: tuple[float, float],
+    range_: tuple[float, float] | None,
+    measured: Change,
+) -> MetricCheck:
+    """Check one projected metric (see the module docstring for the verdicts).
+
+    Args:
+        metric: its name.
+        projected: the replay's ``(before, after)``.
+        range_: the projected after's ``(low, high)``, or ``None``.
+        measured: the measured change.
+
+    Returns:
+        The :class:`MetricCheck`.
+    """
+    base, point = projected
+    low, high = sorted(range_) if range_ is not None else (point, point)
+    expected = (low / base - 1, high / base - 1) if base > 0 else None
+    m = measured.relative
+    if expected is None or m is None:
+        return MetricCheck(metric, projected, range_, expected, measured, UNMEASURED)
+    m_low, m_high = (m, m)
+    if measured.rel_low is not None and measured.rel_high is not None:
+        m_low, m_high = measured.rel_low, measured.rel_high
+    e_low, e_high = expected
+    if m_low <= e_high and e_low <= m_high:
+        return MetricCheck(metric, projected, range_, expected, measured, HELD)
+    gap = e_low - m if m < e_low else m - e_high
+    if (e_low > 0 and m_high < 0) or (e_high < 0 and m_low > 0):
+        return MetricCheck(metric, projected, range_, expected, measured, WRONG, gap)
+    # Short: the measured change lies between zero and the projection, or on the far side of
+    # zero from it; beyond: past the projection, away from zero.
+    toward = e_low if e_low > 0 else e_high if e_high < 0 else 0.0
+    short = (m < e_low and toward > 0) or (m > e_high and toward < 0)
+    return MetricCheck(metric, projected, range_, expected, measured, MISSED, gap, short)
+
+
+def _percent(low: float | None, high: float | None) -> list[float] | None:
+    return None if low is None or high is None else [100 * low, 100 * high]
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    # A [number, number] pair of finite numbers, else None (a report read from a file).
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    a, b = value
+    for x in (a, b):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            return None
+    return float(a), float(b)

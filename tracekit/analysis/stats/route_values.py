@@ -1,0 +1,86 @@
+"""Per-request values of each route, kept for ``tracekit compare``'s intervals.
+
+Unlike the aggregator's statistics these grow with the requests: arrays of floats, about 90
+bytes a request (latency, end time, TTFT and ITL when streamed, the seven breakdown components
+when instrumented).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.slo import request_itl_ms
+from tracekit.analysis.stats.confidence import bin_rates
+from tracekit.analysis.stats.route_stats import BREAKDOWN_KEYS, OTHER_ROUTES, breakdown
+
+__all__ = ["MAX_ROUTES", "RouteCollector", "RouteValues"]
+
+#: Distinct routes kept; later ones are pooled, as the analyzer pools them.
+MAX_ROUTES = 500
+
+
+class RouteValues:
+    """What the intervals need of each request of one route (per-request arrays).
+
+    Attributes:
+        wall: latency, ms. ends: end times, epoch ns (as floats: bins of a second or
+            so do not need the last nanoseconds). first_ns / last_ns: the earliest start and
+            latest end. ttft / itl: TTFT and ITL (each request's p95 gap, the report's
+            ``streaming.itl_ms``) of streamed requests. parts: the breakdown of instrumented
+            requests, one array per ``BREAKDOWN_KEYS`` item. errors: requests in error.
+    """
+
+    __slots__ = ("ends", "errors", "first_ns", "itl", "last_ns", "parts", "ttft", "wall")
+
+    def __init__(self) -> None:
+        self.wall = array("d")
+        self.ends = array("d")
+        self.ttft = array("d")
+        self.itl = array("d")
+        self.parts = [array("d") for _ in BREAKDOWN_KEYS]
+        self.errors = 0
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+
+    def add(self, req: RequestRecord) -> None:
+        """Keep one request's values. Cost: O(stages) for its breakdown."""
+        self.wall.append(req.wall_ms)
+        self.ends.append(float(req.end_ns))
+        if self.first_ns is None or req.start_ns < self.first_ns:
+            self.first_ns = req.start_ns
+        if self.last_ns is None or req.end_ns > self.last_ns:
+            self.last_ns = req.end_ns
+        self.errors += req.error
+        if req.chunks is not None and req.chunks > 1:  # streamed, as the report counts them
+            if req.ttft_ms is not None:
+                self.ttft.append(req.ttft_ms)
+            itl = request_itl_ms(req)
+            if itl is not None:
+                self.itl.append(itl)
+        parts = breakdown(req)
+        if parts is not None:
+            for values, value in zip(self.parts, parts, strict=True):
+                values.append(value)
+
+    def rates(self) -> list[float]:
+        """Completions per second in bins of the active window (:func:`bin_rates`)."""
+        if self.first_ns is None or self.last_ns is None:
+            return []
+        return bin_rates([int(e) for e in self.ends], self.first_ns, self.last_ns)
+
+
+class RouteCollector:
+    """The analyzer's ``observe`` hook: each request's values, by route (at most
+    :data:`MAX_ROUTES` routes; later ones pooled as ``(other routes)``)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, RouteValues] = {}
+
+    def add(self, req: RequestRecord) -> None:
+        """Keep one request's values under its route."""
+        values = self.routes.get(req.route)
+        if values is None:
+            name = req.route if len(self.routes) < MAX_ROUTES else OTHER_ROUTES
+            values = self.routes.setdefault(name, RouteValues())
+        values.add(req)

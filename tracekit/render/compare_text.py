@@ -1,0 +1,235 @@
+"""A comparison for a terminal: ``render_comparison(comparison) -> str``.
+
+Reads ``comparison.to_dict()`` (``tracekit.compare/1``, or the dict itself) and lays out, per
+route, a table of before, after, the change and its confidence interval ("no significant
+change" where the interval holds zero), then BEFORE's projected findings with the projected
+change next to the measured one and the verdict. Adapts to the terminal as the report does
+(:mod:`tracekit.render.text`: width, colour, unicode), and escapes every string that comes
+from the traces (routes, sources, stage names) the same way.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO, TypeGuard
+
+from tracekit.render.text import (
+    ASCII,
+    COLOR,
+    PLAIN,
+    UNICODE,
+    Glyphs,
+    Palette,
+    escape_controls,
+    fmt_ms,
+    use_color,
+    use_unicode,
+)
+
+_MIN_WIDTH = 60
+_LABEL = 18  # the row label's column
+_VALUE = 9  # before and after
+_CHANGE = 23  # the change: "-35.0 (-10.1%)" or "no significant change"
+_METRIC_LABELS = {"p50_ms": "p50", "p95_ms": "p95", "throughput_rps": "rps"}
+
+
+def render_comparison(
+    comparison: Any,
+    *,
+    width: int | None = None,
+    color: bool | None = None,
+    unicode: bool | None = None,
+    stream: TextIO | None = None,
+) -> str:
+    """Render a comparison as text.
+
+    Args:
+        comparison: a ``Comparison`` or its ``to_dict()``.
+        width: columns; ``None``: the terminal's (80 when unknown); at least 60 is used.
+        color: ANSI colour; ``None``: decided by :func:`~tracekit.render.text.use_color`.
+        unicode: unicode glyphs; ``None``: decided by :func:`~tracekit.render.text.use_unicode`.
+        stream: the stream the text is for (default ``sys.stdout``), for those decisions.
+
+    Returns:
+        The text, ending with a newline.
+    """
+    out = stream if stream is not None else sys.stdout
+    data = comparison.to_dict() if hasattr(comparison, "to_dict") else comparison
+    if width is None:
+        width = shutil.get_terminal_size((80, 24)).columns
+    r = _Renderer(
+        width=max(width, _MIN_WIDTH),
+        p=COLOR if (use_color(out) if color is None else color) else PLAIN,
+        g=UNICODE if (use_unicode(out) if unicode is None else unicode) else ASCII,
+    )
+    return r.render(data)
+
+
+class _Renderer:
+    def __init__(self, *, width: int, p: Palette, g: Glyphs) -> None:
+        self.width = width
+        self.p = p
+        self.g = g
+        self.lines: list[str] = []
+        self.level = "95%"
+
+    def render(self, d: Mapping[str, Any]) -> str:
+        self._header(d)
+        for route in d.get("routes") or []:
+            self._route(route)
+        for key, label in (("only_before", "before"), ("only_after", "after")):
+            names = d.get(key) or []
+            if names:
+                self._add()
+                self._wrap(f"Only in {label}: {', '.join(_s(n) for n in names)}", 0, hang=2)
+        return "\n".join(line.rstrip() for line in self.lines) + "\n"
+
+    def _add(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def _wrap(self, text: str, indent: int, tone: str = "", hang: int = 0) -> None:
+        pad = " " * indent
+        lines = textwrap.wrap(
+            text, self.width - indent, subsequent_indent=" " * hang, break_on_hyphens=False
+        )
+        end = self.p.reset if tone else ""
+        self.lines.extend(f"{pad}{tone}{line}{end}" for line in lines or [""])
+
+    def _header(self, d: Mapping[str, Any]) -> None:
+        p, g = self.p, self.g
+        method = d.get("method") or {}
+        confidence = method.get("confidence")
+        self.level = f"{100 * confidence:g}%" if _is_number(confidence) else "?"
+        self._add(f"{p.bold}tracekit compare{p.reset} {g.dot} {self.level} confidence intervals")
+        for key in ("before", "after"):
+            side = d.get(key) or {}
+            requests = side.get("requests")
+            count = f"{requests:,} requests" if _is_number(requests) else "- requests"
+            self._wrap(f"{key + ':':<8}{_s(side.get('source'))} {g.dot} {count}", 2, hang=8)
+        finding = method.get("finding")
+        chosen = f"--finding {_s(finding)}" if finding else "each route's top projected finding"
+        self._wrap(f"the change made (selected): {chosen}", 2, p.dim, hang=4)
+
+    def _route(self, r: Mapping[str, Any]) -> None:
+        p, g = self.p, self.g
+        self._add()
+        self._wrap(_s(r.get("route")), 0, p.bold + p.cyan)
+        requests, errors = _two(r.get("requests")), _two(r.get("errors"))
+        self._add(f"  {requests[0]} {g.arrow} {requests[1]} requests {g.dot} "
+                  f"{errors[0]} {g.arrow} {errors[1]} errors")  # fmt: skip
+        head = f"  {'':<{_LABEL}}{'before':>{_VALUE}}{'after':>{_VALUE}}  {'change':<{_CHANGE}}"
+        self._add(f"{p.dim}{head}{self.level} interval{p.reset}")
+        latency = r.get("latency_ms") or {}
+        for key in ("p50", "p95", "p99"):
+            self._row(f"latency {key} ms", latency.get(key))
+        self._row("throughput req/s", r.get("throughput_rps"))
+        streaming = r.get("streaming")
+        if isinstance(streaming, Mapping):
+            for name, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
+                for key, change in (streaming.get(name) or {}).items():
+                    self._row(f"{label} {_s(key)} ms", change)
+            self._wrap("(ITL: each request's own p95 inter-chunk gap)", 4 + _LABEL, p.dim)
+        parts = r.get("breakdown_ms")
+        if isinstance(parts, Mapping):
+            self._add("  breakdown, mean ms per request")
+            for key, change in parts.items():
+                if not _zero_in_both(change):  # e.g. no GC pauses in either run: not shown
+                    self._row(f"  {_s(key).replace('_', ' ')}", change)
+        projections = [c for c in r.get("projections") or [] if isinstance(c, Mapping)]
+        if projections:
+            self._add("  projected (before's findings, each fix alone) vs measured")
+            for check in sorted(projections, key=lambda c: not c.get("selected")):
+                self._projection(check)
+
+    def _row(self, label: str, c: Any) -> None:
+        if not isinstance(c, Mapping):
+            return
+        before, after = fmt_ms(c.get("before")), fmt_ms(c.get("after"))
+        ci = c.get("ci")
+        if c.get("significant") is False:
+            change = "no significant change"
+        else:
+            change = _signed(c.get("change"))
+            if _is_number(c.get("change_pct")):
+                change += f" ({c['change_pct']:+.1f}%)"
+        interval = f"[{_signed(ci[0])}, {_signed(ci[1])}]" if _is_pair(ci) else "no interval"
+        self._add(f"  {label:<{_LABEL}}{before:>{_VALUE}}{after:>{_VALUE}}  {change:<{_CHANGE}}{interval}")
+        if c.get("note") and not _is_pair(ci):
+            self._wrap(f"({_s(c['note'])})", 4 + _LABEL, self.p.dim)
+
+    def _projection(self, c: Mapping[str, Any]) -> None:
+        p, g = self.p, self.g
+        verdict = str(c.get("verdict"))
+        tone = _tone(p, verdict)
+        name = _s(c.get("rule")) + (f" {g.dot} {_s(c['stage'])}" if c.get("stage") else "")
+        mark = f"{g.arrow} " if c.get("selected") else "  "
+        tags = [f"{tone}{verdict}{p.reset}"]
+        if c.get("selected"):
+            tags.insert(0, "selected")
+        tags.append("still found in after" if c.get("still_found") else "not found in after")
+        self._add(f"  {mark}{p.bold}{name}{p.reset} {g.dot} " + f" {g.dot} ".join(tags))
+        for m in c.get("metrics") or []:
+            if isinstance(m, Mapping):
+                self._metric(m)
+
+    def _metric(self, m: Mapping[str, Any]) -> None:
+        label = _METRIC_LABELS.get(str(m.get("metric")), _s(m.get("metric")))
+        expected = m.get("projected_change_pct")
+        if _is_pair(expected):
+            low, high = expected
+            projected = f"{low:+.1f}%" if low == high else f"{low:+.1f}% {self.g.arrow} {high:+.1f}%"
+        else:
+            projected = "-"
+        measured = m.get("measured_change_pct")
+        shown = f"{measured:+.1f}%" if _is_number(measured) else "-"
+        ci = m.get("measured_ci_pct")
+        if _is_pair(ci):
+            shown += f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
+        verdict = str(m.get("verdict"))
+        said = verdict
+        if verdict in ("missed", "wrong direction") and _is_number(m.get("missed_by_pct")):
+            said += f" by {m['missed_by_pct']:.1f}%"
+            if m.get("short") is not None:
+                said += " (short)" if m.get("short") else " (beyond)"
+        # Wrapped as plain text, the whole line in the verdict's colour: codes take no columns.
+        self._wrap(f"{label:<4} projected {projected}, measured {shown}: {said}", 6,
+                   _tone(self.p, verdict), hang=5)  # fmt: skip
+
+
+def _zero_in_both(change: Any) -> bool:
+    return isinstance(change, Mapping) and change.get("before") == 0 and change.get("after") == 0
+
+
+def _tone(p: Palette, verdict: str) -> str:
+    return {"held": p.green, "missed": p.yellow, "wrong direction": p.red}.get(verdict, p.dim)
+
+
+def _s(value: Any) -> str:
+    # Trace text (a route, a source, a stage) cannot drive the terminal; one line.
+    return escape_controls(" ".join(str(value).split()))
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _is_pair(value: Any) -> TypeGuard[Sequence[float]]:
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(map(_is_number, value))
+
+
+def _two(value: Any) -> tuple[str, str]:
+    if _is_pair(value):
+        return f"{int(value[0]):,}", f"{int(value[1]):,}"
+    return "-", "-"
+
+
+def _signed(value: Any) -> str:
+    if not _is_number(value):
+        return "-"
+    if value == 0:
+        return "0"
+    text = fmt_ms(value)
+    return text if text.startswith("-") else f"+{text}"
