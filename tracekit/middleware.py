@@ -8,18 +8,24 @@ handler, the framework) is accounted like a stage; ``send`` is watched for TTFB,
 inter-chunk latency and the last byte, which ends the span (DESIGN §1).
 
 If a server span is already active (the OpenTelemetry ASGI/FastAPI instrumentation wraps
-this middleware), tracekit adds its attributes to that span and parents its stages to it
-instead of making a second server span.
+this middleware, or FastAPI's native telemetry), tracekit adds its attributes to that span and
+parents its stages to it instead of making a second server span.
+
+Wrapping a FastAPI app that has native telemetry (0.165+) from outside puts tracekit inside
+its middleware stack instead, as ``app.add_middleware(TracekitMiddleware)`` does: FastAPI
+makes its server span from the request's headers, not from the current context, so from
+outside each request would be two traces (docs/composition.md).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, cast
 
 from tracekit._core import asgi, current
 from tracekit._core.driver import Stepped
-from tracekit._core.failsafe import internal_error
+from tracekit._core.failsafe import internal_error, logger
 from tracekit._core.ledger import Ledger
 from tracekit._core.request_record import Request
 from tracekit._export import shutdown, tracing
@@ -52,10 +58,12 @@ class TracekitMiddleware:
         self._provider = tracer_provider
         self._runtime: tracing.Runtime | None = None
         self._inflight = 0  # a gauge shared by all requests on purpose (tracekit.inflight)
+        self._inside = _move_inside(app, service_name, tracer_provider)  # then only forwards
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":  # the server stops: export first (bounded: _export.shutdown)
+        if self._inside or scope["type"] != "http":
+            # The server stops: export first (bounded: _export.shutdown); inside, the inner one does.
+            if scope["type"] == "lifespan" and not self._inside:
                 send = shutdown.lifespan_send(send)
             await self.app(scope, receive, send)
             return
@@ -123,3 +131,22 @@ class TracekitMiddleware:
         if self._provider is not None:
             self._runtime = runtime  # its own provider; otherwise follow tracekit.configure()
         return runtime
+
+
+def _move_inside(app: Any, service_name: str | None, tracer_provider: Any) -> bool:
+    """Add a TracekitMiddleware to ``app``'s own middleware stack if ``app`` is a FastAPI app
+    with native telemetry that has not started (see the module docstring); returns whether
+    it did. Added last, it is the outermost of the app's middleware."""
+    fastapi = sys.modules.get("fastapi")
+    if fastapi is None or not isinstance(app, fastapi.FastAPI) or not hasattr(app, "_native_telemetry"):
+        return False
+    try:
+        app.add_middleware(TracekitMiddleware, service_name=service_name, tracer_provider=tracer_provider)
+    except RuntimeError:  # it has started: stay outside, and say what that costs
+        logger.warning(
+            "tracekit: TracekitMiddleware wraps a FastAPI app that has already started; with "
+            "FastAPI's native telemetry on, each request will be two traces. Add it before the "
+            "first request, or with app.add_middleware(TracekitMiddleware)"
+        )
+        return False
+    return True

@@ -178,6 +178,25 @@ def test_fastapi_native_telemetry_turned_on_by_configure(
 
 
 @native
+def test_a_fastapi_app_wrapped_from_outside_is_one_trace_per_request(
+        serve: Any, otel_globals: None, memory: InMemorySpanExporter) -> None:  # fmt: skip
+    # ``app = TracekitMiddleware(app)`` (DESIGN §3's form) around a FastAPI app with native
+    # telemetry: FastAPI makes its server span from the request headers, not the current
+    # context, so tracekit outside it made a second trace per request; it goes inside instead.
+    tracekit.configure(service_name="gateway", exporter=memory)
+    app = gateway()
+    app.user_middleware.clear()  # gateway() added it with add_middleware: wrap from outside
+    wrapped = tracekit.TracekitMiddleware(app)
+    server = serve(wrapped)
+    with tracekit.record() as rec:
+        drive(server.url)
+        check_one_trace_per_request(settle(lambda: rec.spans))
+        check_report(rec)
+        assert scopes(rec.spans) == {"fastapi"}
+    check_one_trace_per_request(settle(flushed(memory)))
+
+
+@native
 def test_jsonl_exporter_gets_the_whole_trace(serve: Any, otel_globals: None, tmp_path: Any) -> None:
     # configure() after the app, writing a file: `tracekit analyze FILE` sees the requests,
     # FastAPI's operation spans by name, its serialization as a serialize stage.
