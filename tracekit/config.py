@@ -12,7 +12,9 @@
 - Exporters: ``otlp`` (http/protobuf; grpc with ``otlp-grpc`` or
   ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL=grpc``; endpoint and headers from the standard
   ``OTEL_EXPORTER_OTLP_*`` variables), ``jsonl:PATH`` (OTLP JSON Lines), ``console``,
-  ``memory``, ``none``, or any SDK ``SpanExporter`` instance. Network exporters run behind a
+  ``memory``, ``none``, or any SDK ``SpanExporter`` instance, or several at once (a list, or
+  comma-separated names, as ``OTEL_TRACES_EXPORTER`` takes them): every entry is honoured or
+  the configuration refused, never one silently dropped. Network exporters run behind a
   ``BatchSpanProcessor``: export happens on its thread, a slow or dead collector only fills
   (then overflows) its bounded queue and never delays a response.
 - Shutdown is bounded: when the server stops and at exit, tracekit waits for the export at
@@ -55,8 +57,9 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
     Args:
         service_name: ``service.name`` of the resource (else ``OTEL_SERVICE_NAME``).
         exporter: one of ``otlp``, ``otlp-http``, ``otlp-grpc``, ``jsonl:PATH``, ``console``,
-            ``memory``, ``none``, or an SDK ``SpanExporter``; default ``OTEL_TRACES_EXPORTER``,
-            else ``otlp``.
+            ``memory``, ``none``, or an SDK ``SpanExporter``; or several: a list, or names
+            separated by commas (``"otlp,jsonl:traces.jsonl"``); default
+            ``OTEL_TRACES_EXPORTER`` (comma-separated too), else ``otlp``.
         sampler: an SDK ``Sampler``; default from ``OTEL_TRACES_SAMPLER``(``_ARG``).
         block_threshold_ms: the watchdog samples the loop's stack when one slice holds it
             longer than this (default 20 ms; ``TRACEKIT_BLOCK_THRESHOLD_MS``).
@@ -123,19 +126,30 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
 
         processor: Any = sdk.active_processor(provider)
         if exporter is not None:
-            processor = _FanOut([p for p in (processor, _processor_for(exporter)) if p is not None])
+            extra = _processors_for(exporter, "exporter")
+            processor = _FanOut([p for p in (processor, *extra) if p is not None])
         runtime = tracing.Runtime(processor, provider.resource, sampler or provider.sampler, threshold)
     else:
         from opentelemetry.sdk.resources import Resource
 
+        from tracekit._export import sdk
+
         resource = Resource.create({"service.name": service_name} if service_name else {})
-        processor = _processor_for(exporter if exporter is not None else _env_exporter())
+        if exporter is not None:
+            processors = _processors_for(exporter, "exporter")
+        else:
+            processors = _processors_for(os.environ.get("OTEL_TRACES_EXPORTER") or "otlp",
+                                         "OTEL_TRACES_EXPORTER")  # fmt: skip
         provider = TracerProvider(resource=resource, sampler=sampler)
-        if processor is not None:
-            provider.add_span_processor(processor)
+        for one in processors:
+            provider.add_span_processor(one)
+        # One exporter: its processor; several: the provider's chain of them.
+        processor = None
+        if processors:
+            processor = processors[0] if len(processors) == 1 else sdk.active_processor(provider)
         otel_trace.set_tracer_provider(provider)
         if otel_trace.get_tracer_provider() is provider:  # (set once: another may have won)
-            from tracekit._export import composition, sdk
+            from tracekit._export import composition
 
             composition.configured_chains.add(sdk.active_processor(provider))
         runtime = tracing.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
@@ -211,6 +225,34 @@ def _env_keys(env: str) -> list[str]:
     return [key.strip() for key in os.environ.get(env, "").split(",") if key.strip()]
 
 
+def _processors_for(exporter: Any, source: str) -> list[Any]:
+    """Span processors for ``exporter``: one entry (a name or an SDK ``SpanExporter``), a
+    list of them, or names separated by commas (as in ``OTEL_TRACES_EXPORTER``). Every entry
+    is honoured or the whole is refused (``source`` names where it came from): an unknown
+    or repeated entry, or ``none`` beside others, is a ConfigurationError."""
+    items = exporter if isinstance(exporter, (list, tuple)) else [exporter]
+    entries: list[Any] = []
+    for item in items:
+        if isinstance(item, str):
+            entries.extend(part.strip() for part in item.split(","))
+        else:
+            entries.append(item)
+    if not entries:
+        raise ConfigurationError(f"{source}: no exporter given")
+    names = [e.lower() if isinstance(e, str) and ":" not in e else e for e in entries]
+    for i, name in enumerate(names):
+        if name == "":
+            raise ConfigurationError(f"{source}: an empty exporter entry in {exporter!r}")
+        if name in names[:i]:
+            raise ConfigurationError(f"{source}: exporter {entries[i]!r} is given twice")
+    if "none" in names and len(names) > 1:
+        raise ConfigurationError(f"{source}: 'none' cannot be combined with other exporters")
+    try:
+        return [p for p in map(_processor_for, entries) if p is not None]
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{source}: {exc}") from None
+
+
 def _processor_for(exporter: Any) -> Any:
     """A span processor for an exporter name or instance (batching for network exporters)."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
@@ -265,19 +307,6 @@ def _otlp_exporter(name: str) -> Any:
     )
 
     return HttpExporter()
-
-
-def _env_exporter() -> str:
-    value = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip()
-    name, colon, path = value.partition(":")
-    name = name.strip().lower()  # the name is case-insensitive; a jsonl path is not
-    known = {"otlp", "otlp-http", "otlp-grpc", "console", "memory", "none"}
-    if name in known and not colon:
-        return name
-    if name == "jsonl" and path:
-        return f"jsonl:{path}"
-    logger.warning("tracekit: OTEL_TRACES_EXPORTER=%r is not supported; using otlp", value)
-    return "otlp"
 
 
 def _threshold(value: float | None) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -447,3 +448,43 @@ def test_flush_waits_for_a_helper_on_another_thread(otel_globals: None) -> None:
     started = time.monotonic()
     runtime.flush()
     assert time.monotonic() - started >= 0.09
+
+
+def _jsonl_spans(path: Any) -> int:
+    return sum(len(ss["spans"]) for line in path.read_text().splitlines()
+               for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"])  # fmt: skip
+
+
+def test_several_exporters_at_once_each_get_every_span(tmp_path: Any, otel_globals: None) -> None:
+    memory, path = InMemorySpanExporter(), tmp_path / "traces.jsonl"
+    tracekit.configure(service_name="gw", exporter=[memory, f"jsonl:{path}"])
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
+    assert len(memory.get_finished_spans()) == 6 and _jsonl_spans(path) == 6
+
+
+def test_several_exporters_from_the_environment(tmp_path: Any, otel_globals: None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", f"jsonl:{first}, jsonl:{second}")
+    tracekit.configure(service_name="gw")
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
+    assert _jsonl_spans(first) == _jsonl_spans(second) == 3
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("otlp,zipkin", "OTEL_TRACES_EXPORTER: unknown exporter 'zipkin'"),
+    ("jsonl:/tmp/x.jsonl,jsonl:/tmp/x.jsonl", "exporter 'jsonl:/tmp/x.jsonl' is given twice"),
+    ("none,otlp", "'none' cannot be combined"),
+    ("otlp,,console", "an empty exporter entry"),
+])  # fmt: skip
+def test_an_entry_of_several_exporters_is_honoured_or_refused(
+        value: str, message: str, otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", value)
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        tracekit.configure(service_name="gw")
+    with pytest.raises(ConfigurationError, match="exporter: no exporter given"):
+        tracekit.configure(exporter=[])
