@@ -36,6 +36,7 @@ def analyze(
     limit: int | None = None,
     timeout: float | None = None,
     max_response_mb: float | None = None,
+    cores: int | None = None,
 ) -> Report:
     """Analyse traces and report what is slow and what fixes it.
 
@@ -53,6 +54,9 @@ def analyze(
         limit: the most traces to fetch (Jaeger URL sources).
         timeout: seconds the whole Jaeger query may take (default 60).
         max_response_mb: the largest Jaeger answer read, in MiB (default 256).
+        cores: CPU cores of the gateway host, for the projections' replay; ``None``: the
+            trace's (``tracekit.process.cpus``), else this machine's. The report's model
+            statement says which.
 
     Returns:
         The :class:`~tracekit.analysis.report.Report`.
@@ -63,7 +67,7 @@ def analyze(
         TraceFormatError: the input is not a trace file tracekit can read, or the Jaeger
             answer is larger than ``max_response_mb``.
         SourceError: out of memory while reading.
-        ConfigurationError: a bad ``slo``, or a ``route`` that no request has.
+        ConfigurationError: a bad ``slo`` or ``cores``, or a ``route`` that no request has.
 
     Cost: linear in the spans read; memory bounded by the assembly window (10,000 spans of
     open traces), routes x stages and a 20,000-request sample. A large OTLP JSON Lines file
@@ -74,9 +78,10 @@ def analyze(
     from tracekit.analysis.readers import read_spans
 
     targets = parse_slo(slo)
+    _check_cores(cores)
     options = (service, limit, timeout, max_response_mb)
     if lookback == "1h" and all(option is None for option in options):
-        report = _analyze_in_parallel(source, route, targets)
+        report = _analyze_in_parallel(source, route, targets, cores)
         if report is not None:
             return report
     stream = read_spans(
@@ -88,7 +93,7 @@ def analyze(
         max_response_mb=max_response_mb,
     )
     try:
-        report = analyze_spans(stream, source=stream.source, route=route, slo=targets)
+        report = analyze_spans(stream, source=stream.source, route=route, slo=targets, cores=cores)
     finally:
         stream.close()
     _warn(report, stream.stats)
@@ -123,7 +128,14 @@ def _warn_orphans(report: Report, spans: int, traces: int) -> None:
         )
 
 
-def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:
+def _check_cores(cores: int | None) -> None:
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ConfigurationError(f"cores must be a whole number >= 1, not {cores!r}")
+
+
+def _analyze_in_parallel(
+    source: Any, route: str | None, slo: SLO | None, cores: int | None
+) -> Report | None:
     # A large OTLP JSON Lines file on more than one CPU; None: read it in one pass instead.
     from tracekit.analysis.readers import parallel
 
@@ -138,7 +150,8 @@ def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Rep
             agg, found = parallel.analyze_plan(plan, Settings(slo=slo, route=route))
         except OSError:  # no worker process could be started here: one pass it is
             return None
-        report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)
+        report = _report(agg, path, route, found.spans, found.services, found.matched, found.others,
+                         cores)  # fmt: skip
     _warn(report, found.stats)
     _warn_orphans(report, *found.orphans)
     return report
@@ -152,6 +165,7 @@ def _report(
     services: Iterable[str],
     matched: Iterable[str],
     others: Iterable[str],
+    cores: int | None = None,
 ) -> Report:
     matched, others = list(matched), list(others)
     if route is not None and not matched and others:
@@ -164,6 +178,7 @@ def _report(
         spans=spans,
         services=sorted(services),
         routes=matched if route is not None else None,
+        cores=cores,
     )
 
 
@@ -173,6 +188,7 @@ def analyze_spans(
     source: str = "memory",
     route: str | None = None,
     slo: SLO | None = None,
+    cores: int | None = None,
 ) -> Report:
     """The pipeline behind :func:`analyze`, from spans already read.
 
@@ -181,6 +197,7 @@ def analyze_spans(
         source: what was read, for the report.
         route: as in :func:`analyze`.
         slo: parsed targets.
+        cores: as in :func:`analyze`.
 
     Returns:
         The report.
@@ -196,7 +213,7 @@ def analyze_spans(
         pipeline.finish()
         report = _report(
             pipeline.aggregator, source, route, pipeline.spans, pipeline.services,
-            pipeline.matched, pipeline.others,
+            pipeline.matched, pipeline.others, cores,
         )  # fmt: skip
     _warn_orphans(report, *pipeline.orphans)
     return report
