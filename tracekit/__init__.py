@@ -34,7 +34,7 @@ def analyze(source: Any, **options: Any) -> Any:
     Args:
         source: a trace file path (OTLP JSON/JSONL or Jaeger JSON), a Jaeger query URL, or
             in-memory spans (``rec.spans``).
-        **options: ``route=``, ``slo=``, ``service=``, ``lookback=``, ``limit=``.
+        **options: ``route=``, ``slo=``, ``service=``, ``lookback=``, ``limit=``, ``cores=``.
 
     Returns:
         A ``Report`` (``.findings``, ``.routes``, ``.to_dict()``, ``.to_text()``, ``.to_html()``).

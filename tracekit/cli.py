@@ -2,7 +2,7 @@
 
 ::
 
-    tracekit analyze SOURCE [--format text|json|html] [-o FILE] [--route R] [--slo SPEC]
+    tracekit analyze SOURCE [--format text|json|html] [-o FILE] [--route R] [--slo SPEC] [--cores N]
                             [--fail-on high|medium|low]
     tracekit analyze --jaeger URL --service NAME [--lookback 1h] [--limit N]
                      [--timeout SECONDS] [--max-response-mb MB] [...]
@@ -102,6 +102,12 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     p.add_argument("--route", help="analyse only this route ('POST /v1/chat' or '/v1/chat')")
     p.add_argument(
         "--slo", metavar="SPEC", help="latency targets for goodput, e.g. ttft=500ms,itl=50ms,e2e=5s"
+    )
+    p.add_argument(
+        "--cores",
+        type=_positive_int,
+        help="CPU cores of the gateway host, for the projections (default: the trace's, "
+        "else this machine's)",
     )
     p.add_argument(
         "--fail-on",
@@ -294,6 +300,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         limit=args.limit,
         timeout=args.timeout,
         max_response_mb=args.max_response_mb,
+        cores=args.cores,
     )
     for warning in report.warnings:
         print(f"tracekit: warning: {escape_controls(' '.join(warning.split()))}", file=sys.stderr)

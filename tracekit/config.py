@@ -92,6 +92,19 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
         previous.shutdown()
 
 
+def host_cpus() -> dict[str, int]:
+    """The resource attributes of the gateway host's CPUs (the analyzer's replay reads them):
+    ``tracekit.host.cpus``, the machine's logical CPUs, and ``tracekit.process.cpus``, those
+    the process may run on (its CPU affinity, where the OS has one; a cgroup quota is not
+    seen). ``OTEL_RESOURCE_ATTRIBUTES`` overrides either."""
+    from tracekit import semconv
+
+    machine = os.cpu_count() or 1
+    affinity = getattr(os, "sched_getaffinity", None)
+    allowed = len(affinity(0)) if affinity is not None else machine
+    return {semconv.HOST_CPUS: machine, semconv.PROCESS_CPUS: max(1, allowed)}
+
+
 def runtime_for(tracer_provider: Any, service_name: str | None) -> tracing.Runtime:
     """The runtime a middleware uses when it finds none configured (first request)."""
     if tracer_provider is not None:
@@ -134,7 +147,8 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
 
         from tracekit._export import sdk
 
-        resource = Resource.create({"service.name": service_name} if service_name else {})
+        named = Resource.create({"service.name": service_name} if service_name else {})
+        resource = Resource(host_cpus()).merge(named)  # OTEL_RESOURCE_ATTRIBUTES wins
         if exporter is not None:
             processors = _processors_for(exporter, "exporter")
         else:

@@ -146,4 +146,10 @@ FASTAPI_SERIALIZATION: Final = "fastapi.serialization"
 
 # --- resource / scope ----------------------------------------------------------------------
 SERVICE_NAME: Final = "service.name"
+# Resource attributes tracekit adds (no OpenTelemetry convention names a CPU count; the
+# metric system.cpu.logical.count is not a resource attribute): the gateway host's logical
+# CPUs, and the CPUs the process may run on (its affinity; a container's CPU quota is not
+# seen). The replay's cores (docs/analyzer-rules.md, "The projection model").
+HOST_CPUS: Final = "tracekit.host.cpus"
+PROCESS_CPUS: Final = "tracekit.process.cpus"
 SCOPE_NAME: Final = "tracekit"

@@ -151,7 +151,9 @@ def test_validation_reproduces_a_known_system_within_tolerance() -> None:
         "p50_error": round(result.p50_error, 4),
         "p95_error": round(result.p95_error, 4),
         "reason": None,
+        "model": result.model,
     }
+    assert result.model is not None and result.model["arrivals"] == "open"
 
 
 def _inconsistent() -> list:

@@ -118,7 +118,7 @@ def test_instrumented_report_has_breakdown_streaming_goodput_and_timeline(
         for piece in lane["slices"]:
             assert piece["end_ms"] >= piece["start_ms"] and piece["stage"] and piece["kind"]
     assert d["validation"] is not None and set(d["validation"]) == {
-        "ok", "p50_error", "p95_error", "reason",
+        "ok", "p50_error", "p95_error", "reason", "model",
     }  # fmt: skip
 
 

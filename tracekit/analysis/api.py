@@ -37,6 +37,7 @@ def analyze(
     timeout: float | None = None,
     max_response_mb: float | None = None,
     observe: Callable[[RequestRecord], None] | None = None,
+    cores: int | None = None,
 ) -> Report:
     """Analyse traces and report what is slow and what fixes it.
 
@@ -57,6 +58,9 @@ def analyze(
         observe: called with every request analysed, as it is assembled (``tracekit
             compare`` keeps per-request values this way); the file is then read in one
             process, since a callable does not reach the parallel reader's workers.
+        cores: CPU cores of the gateway host, for the projections' replay; ``None``: the
+            trace's (``tracekit.process.cpus``), else this machine's. The report's model
+            statement says which.
 
     Returns:
         The :class:`~tracekit.analysis.report.Report`.
@@ -67,7 +71,7 @@ def analyze(
         TraceFormatError: the input is not a trace file tracekit can read, or the Jaeger
             answer is larger than ``max_response_mb``.
         SourceError: out of memory while reading.
-        ConfigurationError: a bad ``slo``, or a ``route`` that no request has.
+        ConfigurationError: a bad ``slo`` or ``cores``, or a ``route`` that no request has.
 
     Cost: linear in the spans read; memory bounded by the assembly window (10,000 spans of
     open traces), routes x stages and a 20,000-request sample. A large OTLP JSON Lines file
@@ -78,9 +82,10 @@ def analyze(
     from tracekit.analysis.readers import read_spans
 
     targets = parse_slo(slo)
+    _check_cores(cores)
     options = (service, limit, timeout, max_response_mb)
     if lookback == "1h" and observe is None and all(option is None for option in options):
-        report = _analyze_in_parallel(source, route, targets)
+        report = _analyze_in_parallel(source, route, targets, cores)
         if report is not None:
             return report
     stream = read_spans(
@@ -93,7 +98,7 @@ def analyze(
     )
     try:
         report = analyze_spans(
-            stream, source=stream.source, route=route, slo=targets, observe=observe
+            stream, source=stream.source, route=route, slo=targets, observe=observe, cores=cores
         )
     finally:
         stream.close()
@@ -129,7 +134,14 @@ def _warn_orphans(report: Report, spans: int, traces: int) -> None:
         )
 
 
-def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Report | None:
+def _check_cores(cores: int | None) -> None:
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ConfigurationError(f"cores must be a whole number >= 1, not {cores!r}")
+
+
+def _analyze_in_parallel(
+    source: Any, route: str | None, slo: SLO | None, cores: int | None
+) -> Report | None:
     # A large OTLP JSON Lines file on more than one CPU; None: read it in one pass instead.
     from tracekit.analysis.readers import parallel
 
@@ -144,7 +156,8 @@ def _analyze_in_parallel(source: Any, route: str | None, slo: SLO | None) -> Rep
             agg, found = parallel.analyze_plan(plan, Settings(slo=slo, route=route))
         except OSError:  # no worker process could be started here: one pass it is
             return None
-        report = _report(agg, path, route, found.spans, found.services, found.matched, found.others)
+        report = _report(agg, path, route, found.spans, found.services, found.matched, found.others,
+                         cores)  # fmt: skip
     _warn(report, found.stats)
     _warn_orphans(report, *found.orphans)
     return report
@@ -158,6 +171,7 @@ def _report(
     services: Iterable[str],
     matched: Iterable[str],
     others: Iterable[str],
+    cores: int | None = None,
 ) -> Report:
     matched, others = list(matched), list(others)
     if route is not None and not matched and others:
@@ -170,6 +184,7 @@ def _report(
         spans=spans,
         services=sorted(services),
         routes=matched if route is not None else None,
+        cores=cores,
     )
 
 
@@ -180,6 +195,7 @@ def analyze_spans(
     route: str | None = None,
     slo: SLO | None = None,
     observe: Callable[[RequestRecord], None] | None = None,
+    cores: int | None = None,
 ) -> Report:
     """The pipeline behind :func:`analyze`, from spans already read.
 
@@ -189,6 +205,7 @@ def analyze_spans(
         route: as in :func:`analyze`.
         slo: parsed targets.
         observe: as in :func:`analyze`.
+        cores: as in :func:`analyze`.
 
     Returns:
         The report.
@@ -204,7 +221,7 @@ def analyze_spans(
         pipeline.finish()
         report = _report(
             pipeline.aggregator, source, route, pipeline.spans, pipeline.services,
-            pipeline.matched, pipeline.others,
+            pipeline.matched, pipeline.others, cores,
         )  # fmt: skip
     _warn_orphans(report, *pipeline.orphans)
     return report

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from tracekit.analysis.model import RequestRecord
-from tracekit.analysis.replay import Replayer
+from tracekit.analysis.replay import ReplayConfig, Replayer
 from tracekit.analysis.rules import run_rules
 from tracekit.analysis.rules.findings import Finding, RuleContext, worst_severity
 from tracekit.analysis.stats.aggregate import Aggregator
@@ -154,6 +154,7 @@ def build_report(
     services: Sequence[str],
     run_rules: bool = True,
     routes: Sequence[str] | None = None,
+    cores: int | None = None,
 ) -> Report:
     """Finish an analysis: route statistics, findings, validation, waterfall and timeline.
 
@@ -165,6 +166,8 @@ def build_report(
         run_rules: run the rules and the replay on the sample (off for raw statistics).
         routes: report findings on these routes only (the ``route`` filter of ``analyze``;
             ``agg`` counted only them, its sample holds every route); ``None``: all.
+        cores: the gateway host's cores for the replay (``None``: the trace's, else this
+            machine's; ``ReplayConfig.cores``).
 
     Returns:
         The report.
@@ -174,7 +177,7 @@ def build_report(
     findings: list[Finding] = []
     validation: dict[str, Any] | None = None
     if run_rules and sample and agg.requests:
-        findings, validation = _rules_and_validation(sample, route_dicts, agg, routes)
+        findings, validation = _rules_and_validation(sample, route_dicts, agg, routes, cores)
     return Report(
         source=source,
         requests=agg.requests,
@@ -197,10 +200,11 @@ def _rules_and_validation(
     route_dicts: list[dict[str, Any]],
     agg: Aggregator,
     only: Sequence[str] | None,
+    cores: int | None,
 ) -> tuple[list[Finding], dict[str, Any] | None]:
     single = only[0] if only is not None and len(only) == 1 else None
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
-    replayer = Replayer()
+    replayer = Replayer(ReplayConfig(cores=cores))
     ctx = RuleContext(
         route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops
     )

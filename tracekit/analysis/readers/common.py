@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import orjson
 
-from tracekit.analysis.model import SPAN_KINDS
+from tracekit import semconv
+from tracekit.analysis.model import SPAN_KINDS, Span
 from tracekit.errors import TraceFormatError
 
 #: String attribute values longer than this are cut (a prompt can be megabytes; the analyzer
@@ -218,3 +220,25 @@ def not_json(
     lineno = data.count(b"\n", 0, at) + 1
     column = at - data.rfind(b"\n", 0, at)
     return NotJson(f"{where}: not valid JSON ({found[1]} at line {lineno} column {column})")
+
+
+#: Resource attributes the analyzer reads (the replay's cores); the analyzer's spans carry no
+#: resource, so the readers copy these onto the spans that can be requests (SERVER spans and
+#: roots), where the replay finds them.
+RESOURCE_KEYS = (semconv.HOST_CPUS, semconv.PROCESS_CPUS)
+
+
+def resource_extra(attributes: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The :data:`RESOURCE_KEYS` of a resource's attributes (``None`` when it has none)."""
+    extra = {key: attributes[key] for key in RESOURCE_KEYS if key in attributes}
+    return extra or None
+
+
+def with_resource(span: Span, extra: dict[str, Any] | None) -> Span:
+    """``span`` with ``extra`` (:func:`resource_extra`) among its attributes when it can be a
+    request span; its own attributes of the same names win. Returns ``span``."""
+    if extra is not None and (span.kind == "server" or span.parent_id is None):
+        attributes = span.attributes
+        for key, value in extra.items():
+            attributes.setdefault(key, value)
+    return span

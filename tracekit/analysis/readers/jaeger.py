@@ -32,9 +32,11 @@ from tracekit.analysis.readers.common import (
     loads,
     one_line,
     parent_id,
+    resource_extra,
     short,
     span_id,
     trace_id,
+    with_resource,
 )
 from tracekit.errors import TraceFormatError
 
@@ -146,11 +148,16 @@ def _trace_spans(trace: object, stats: ReadStats, where: str) -> Iterator[Span]:
     spans = trace.get("spans")
     if type(spans) is not list:
         raise TraceFormatError(f"{where}: 'spans' is not a list")
-    services = _services(trace.get("processes"))
+    processes = trace.get("processes")
+    services = _services(processes)
+    extras = _extras(processes, stats)
     default_trace = trace.get("traceID")
     for i, raw in enumerate(spans):
         try:
-            yield _span(raw, default_trace, services, stats)
+            span = _span(raw, default_trace, services, stats)
+            own = raw.get("process")  # a process embedded in the span (another exporter's form)
+            found = _extras({"": own}, stats) if own is not None else extras
+            yield with_resource(span, found.get("" if own is not None else raw.get("processID", "")))
         except (BadSpan, *SPAN_ERRORS) as exc:
             stats.skip(f"{where}.spans[{i}]", exc)
 
@@ -163,6 +170,23 @@ def _services(processes: object) -> dict[str, str]:
         for pid, process in processes.items()
         if type(pid) is str and type(process) is dict
     }
+
+
+def _extras(processes: object, stats: ReadStats) -> dict[str, dict[str, Any]]:
+    # Jaeger's process tags are the OTLP resource's attributes: the ones the analyzer reads.
+    if type(processes) is not dict:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for pid, process in processes.items():
+        tags = process.get("tags") if type(process) is dict else None
+        if type(pid) is str and type(tags) is list:
+            try:
+                extra = resource_extra(_fields(tags, stats))
+            except (BadSpan, *SPAN_ERRORS):
+                extra = None
+            if extra is not None:
+                out[pid] = extra
+    return out
 
 
 def _service_name(process: object) -> str:

@@ -23,7 +23,9 @@ from tracekit.analysis.readers.common import (
     ReadStats,
     check_times,
     clip,
+    resource_extra,
     short,
+    with_resource,
 )
 
 
@@ -60,12 +62,13 @@ def _span(item: Any, stats: ReadStats) -> Span:
     if type(name) is not str:
         raise BadSpan(f"name {short(name)} is not a string")
     resource = item.resource
-    service = resource.attributes.get(semconv.SERVICE_NAME, "") if resource is not None else ""
+    resource_attributes = resource.attributes if resource is not None else {}
+    service = resource_attributes.get(semconv.SERVICE_NAME, "")
     sid = _hex(context.span_id, 16)
     pid = None if parent is None else _hex(parent.span_id, 16)
     if pid == sid:
         raise BadSpan(f"span {sid} is its own parent")
-    return Span(
+    span = Span(
         _hex(context.trace_id, 32),
         sid,
         pid,
@@ -78,6 +81,7 @@ def _span(item: Any, stats: ReadStats) -> Span:
         item.status.status_code.name == "ERROR",
         [_event(event, stats) for event in item.events or ()],
     )
+    return with_resource(span, resource_extra(resource_attributes))
 
 
 def _hex(value: object, width: int) -> str:

@@ -59,9 +59,11 @@ from tracekit.analysis.readers.common import (
     check_times,
     clip,
     parent_id,
+    resource_extra,
     short,
     span_id,
     trace_id,
+    with_resource,
 )
 from tracekit.analysis.readers.otlp_schema import (
     ABSENT,
@@ -120,13 +122,13 @@ def line_spans(line: bytes | bytearray, stats: ReadStats) -> list[Span] | None:
             resource_spans = doc.result.resourceSpans
         out: list[Span] = []
         for rs in resource_spans or ():
-            service = _service(rs.resource, stats)
+            service, extra = _service(rs.resource, stats)
             scopes = rs.scopeSpans
             if scopes is UNSET:
                 scopes = rs.instrumentationLibrarySpans
             for scope in scopes or ():
                 for raw in scope.spans or ():
-                    out.append(_span(raw, service, stats))
+                    out.append(with_resource(_span(raw, service, stats), extra))
     except (msgspec.DecodeError, BadSpan, RecursionError, *SPAN_ERRORS):
         stats.truncated = truncated  # otlp_spans counts them again
         return None
@@ -181,14 +183,14 @@ def _each_span(
             resource = RESOURCE.decode(rs.resource)
         except msgspec.ValidationError:
             resource = None
-        service = _service(resource, stats)
+        service, extra = _service(resource, stats)
         scopes = rs.scopeSpans
         if scopes is UNSET:
             scopes = rs.instrumentationLibrarySpans
         for s, scope in enumerate(scopes or ()):
             for i, raw in enumerate(scope.spans or ()):
                 try:
-                    yield _span(_decoded(raw), service, stats)
+                    yield with_resource(_span(_decoded(raw), service, stats), extra)
                 except (BadSpan, *SPAN_ERRORS) as exc:
                     stats.skip(f"{where}: {here}.scopeSpans[{s}].spans[{i}]", exc)
 
@@ -229,14 +231,16 @@ def _why(exc: msgspec.ValidationError) -> str:
 
 
 # --- conversion to Span -----------------------------------------------------------------------
-def _service(resource: Resource | None, stats: ReadStats) -> str:
+def _service(resource: Resource | None, stats: ReadStats) -> tuple[str, dict[str, Any] | None]:
+    # The service name, and the resource attributes the analyzer copies onto request spans.
     if resource is None or not resource.attributes:
-        return ""
+        return "", None
     try:
-        name = attributes(resource.attributes, stats).get(semconv.SERVICE_NAME, "")
+        attrs = attributes(resource.attributes, stats)
     except (BadSpan, *SPAN_ERRORS):
-        return ""
-    return name if type(name) is str else str(name)
+        return "", None
+    name = attrs.get(semconv.SERVICE_NAME, "")
+    return (name if type(name) is str else str(name)), resource_extra(attrs)
 
 
 def _span(raw: OtlpSpan, service: str, stats: ReadStats) -> Span:

@@ -31,12 +31,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.build import ProgramBuilder
 from tracekit.analysis.replay.fixes import FIX_ACTIONS, PROCESSES, THREADS, Fix, ModelCall, not_applied_note
+from tracekit.analysis.replay.host import FROM_MACHINE, quantile_range, statement, throughput_range, widen
 from tracekit.analysis.replay.memo import ProgramMemo
-from tracekit.analysis.replay.run import Loops, Run, errors, figures, multi_loop_reason, simulate
+from tracekit.analysis.replay.run import (
+    Loops,
+    Run,
+    errors,
+    figures,
+    latencies,
+    measured,
+    multi_loop_reason,
+    simulate,
+)
 from tracekit.analysis.replay.sim import Node
 from tracekit.analysis.stats.model_calls import model_calls
 from tracekit.errors import ConfigurationError
@@ -56,9 +67,10 @@ __all__ = [
 _MS = 1e6
 
 
-def default_thread_pool_size() -> int:
-    """asyncio's default executor size: ``min(32, os.cpu_count() + 4)``."""
-    return min(32, (os.cpu_count() or 1) + 4)
+def default_thread_pool_size(cpus: int | None = None) -> int:
+    """asyncio's default executor size on a host of ``cpus`` CPUs (``None``: this machine's):
+    ``min(32, cpus + 4)``."""
+    return min(32, (cpus or os.cpu_count() or 1) + 4)
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,10 @@ class ReplayConfig:
     """Parameters of the replay model.
 
     Attributes:
-        thread_pool_size: workers of the default executor; asyncio's default
-            ``min(32, os.cpu_count() + 4)``.
-        cores: CPU cores of the gateway host (GIL-free work runs on up to this many).
+        thread_pool_size: workers of the default executor; ``None``: asyncio's default on
+            the gateway host, ``min(32, cpus + 4)`` (:mod:`~tracekit.analysis.replay.host`).
+        cores: CPU cores of the gateway host (GIL-free work runs on up to this many);
+            ``None``: the trace's (``tracekit.process.cpus``), else this machine's.
         process_pool_size: workers of a ``ProcessPoolExecutor`` fix; ``None``: ``cores``.
         tolerance: validation passes when the simulated p50 and p95 of every validated
             route are within this relative error of the measured ones.
@@ -90,8 +103,8 @@ class ReplayConfig:
         max_window: never more than this many requests (the analyzer's sample size).
     """
 
-    thread_pool_size: int = field(default_factory=default_thread_pool_size)
-    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    thread_pool_size: int | None = None
+    cores: int | None = None
     process_pool_size: int | None = None
     tolerance: float = 0.15
     min_requests: int = 20
@@ -103,7 +116,7 @@ class ReplayConfig:
     max_window: int = 20_000
 
     def __post_init__(self) -> None:
-        if self.thread_pool_size < 1 or self.cores < 1:
+        if any(v is not None and v < 1 for v in (self.thread_pool_size, self.cores)):
             raise ConfigurationError("thread_pool_size and cores must be >= 1")
         if self.process_pool_size is not None and self.process_pool_size < 1:
             raise ConfigurationError("process_pool_size must be >= 1")
@@ -129,6 +142,8 @@ class Validation:
         p95_error: the same for p95.
         reason: why it is not ok (or ``None``).
         routes: route -> (p50_error, p95_error), for every validated route.
+        model: the model statement of the busiest service's replay (``docs/analyzer.md``),
+            or ``None`` when nothing was replayed.
     """
 
     ok: bool
@@ -136,15 +151,19 @@ class Validation:
     p95_error: float | None
     reason: str | None
     routes: dict[str, tuple[float, float]] = field(default_factory=dict)
+    model: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The report's ``validation`` object."""
-        return {
+        """The report's ``validation`` object (``model`` only when something was replayed)."""
+        out: dict[str, Any] = {
             "ok": self.ok,
             "p50_error": None if self.p50_error is None else round(self.p50_error, 4),
             "p95_error": None if self.p95_error is None else round(self.p95_error, 4),
             "reason": self.reason,
         }
+        if self.model is not None:
+            out["model"] = self.model
+        return out
 
 
 class Replayer:
@@ -211,11 +230,11 @@ class Replayer:
                 f"route {worst}: simulated p50 off by {p50_error:+.0%}, p95 by {p95_error:+.0%} "
                 f"(tolerance ±{tol:.0%})"
             )
-        return Validation(reason is None, p50_error, p95_error, reason, errs)
+        return Validation(reason is None, p50_error, p95_error, reason, errs, self._statement(None))
 
     def project(
         self, requests: Sequence[RequestRecord], fix: Fix
-    ) -> tuple[dict[str, list[float]] | None, str | None]:
+    ) -> tuple[dict[str, Any] | None, str | None]:
         """Replay ``requests`` with ``fix`` applied, after validating the matching baseline.
 
         Args:
@@ -224,8 +243,11 @@ class Replayer:
                 ``fix.measured_route``.
 
         Returns:
-            ``({"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...]}, None)``,
-            or ``(None, note)`` saying why there is no projection.
+            ``({"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...],
+            "range": {"p50_ms": [lo, hi], ...}, "model": {...}}, None)`` (the range is the
+            after's, :mod:`~tracekit.analysis.replay.host`; the model statement, see
+            ``docs/analyzer.md``), or ``(None, note)`` saying why there is no projection and,
+            when the replay could not reproduce the route, what would let it project.
         """
         reqs = self._replayable(requests)
         route = fix.measured_route
@@ -249,22 +271,90 @@ class Replayer:
         p50_error, p95_error = errors(reqs, before, route)
         tol = self.config.tolerance
         if abs(p50_error) > tol or abs(p95_error) > tol:
-            measured = [r.wall_ms for r in on_route]
+            measured_ms = [r.wall_ms for r in on_route]
             simulated = [before.latency[i] for i, r in enumerate(reqs) if r.route == route]
             return None, (
                 f"the replay could not reproduce this route as recorded "
                 f"(simulated p50 {percentile(simulated, 0.5):.1f} ms vs measured "
-                f"{percentile(measured, 0.5):.1f} ms, {p50_error:+.0%}; p95 "
-                f"{percentile(simulated, 0.95):.1f} vs {percentile(measured, 0.95):.1f} ms, "
-                f"{p95_error:+.0%}; tolerance ±{tol:.0%}), so no projection is shown"
+                f"{percentile(measured_ms, 0.5):.1f} ms, {p50_error:+.0%}; p95 "
+                f"{percentile(simulated, 0.95):.1f} vs {percentile(measured_ms, 0.95):.1f} ms, "
+                f"{p95_error:+.0%}; tolerance ±{tol:.0%}), so no projection is shown; "
+                + self._hint(route, p50_error + p95_error)
             )
         variant = (fix.stage, fix.queue) if calls else None
         self._applied = False
         after = self._simulate(fix, calls, self._capacities(calls, fix), variant)
         if not calls and not self._applied:
             return None, not_applied_note(fix)
+        return self._projection(before, after, route), None
+
+    def _projection(self, before: Run, after: Run, route: str) -> dict[str, Any]:
+        """Before/after figures of ``route``, the after's range and the model statement."""
+        reqs = self._reqs
         b, a = figures(reqs, before, route), figures(reqs, after, route)
-        return {key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")}, None
+        real = measured(reqs, before, route)
+        simulated = latencies(reqs, after, route)
+        spread: dict[str, list[float]] = {}
+        for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95)):
+            error = b[key] / real[key] - 1 if real[key] > 0 else 0.0
+            spread[key] = widen(quantile_range(simulated, q), error)
+        x_error = b["throughput_rps"] / real["throughput_rps"] - 1 if real["throughput_rps"] > 0 else 0.0
+        spread["throughput_rps"] = throughput_range(a["throughput_rps"], x_error, len(simulated))
+        out: dict[str, Any] = {key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")}
+        out["range"] = spread
+        out["model"] = self._statement(route)
+        return out
+
+    def _statement(self, route: str | None) -> dict[str, Any] | None:
+        """The model statement of ``route``'s service (``None``: the busiest service)."""
+        loops = self._loops
+        if loops is None or not loops.services:
+            return None
+        reqs = self._reqs
+        if route is not None:
+            counts: dict[str, int] = {}
+            for req in reqs:
+                if req.route == route:
+                    counts[req.service] = counts.get(req.service, 0) + 1
+            service = max(sorted(counts), key=lambda s: counts[s])
+        else:
+            service = max(sorted(loops.services), key=lambda s: len(loops.services[s].indexes))
+        loop = loops.services[service]
+        group = [reqs[i] for i in loop.indexes]
+        span_s = (max(r.start_ns for r in group) - min(r.start_ns for r in group)) / 1e9
+        rate = (len(group) - 1) / span_s if span_s > 0 else 0.0
+        config = self.config
+        return statement(loop.host, loop.mode, loop.clients, rate, len(group), config.tolerance)
+
+    def _hint(self, route: str, error: float) -> str:
+        """What would let the replay project ``route`` (its error's sign says which way)."""
+        model = self._statement(route) or {}
+        reqs = [r for r in self._reqs if r.route == route]
+        queued = sum(_queue_wait(r) for r in reqs) / max(1, len(reqs))
+        hints = []
+        if model.get("cores_source") == FROM_MACHINE:
+            hints.append(
+                f"the trace does not say the gateway host's cores (tracekit.process.cpus), so "
+                f"{model.get('cores')} (this machine's) were assumed: pass --cores N"
+            )
+        if error < 0:
+            hints.append(
+                f"the gateway was slower than the model of it: if its host was shared (a load "
+                f"generator, other processes), pass --cores with the CPUs it really had "
+                f"(fewer than {model.get('cores')})"
+            )
+            if queued >= 1.0:
+                hints.append(
+                    f"its requests waited {queued:.1f} ms each on locks and queues "
+                    f"(tracekit.queue_wait_ms), which the replay keeps as recorded"
+                )
+        else:
+            hints.append(
+                f"the gateway was faster than the model of it: the arrivals were read as "
+                f"{'closed-loop clients' if model.get('arrivals') == 'closed' else 'open'}; "
+                f"more cores than {model.get('cores')} (--cores) would also explain it"
+            )
+        return "what would let it project: " + "; ".join(hints)
 
     # --- internals ------------------------------------------------------------------------
     def _replayable(self, requests: Sequence[RequestRecord]) -> list[RequestRecord]:
@@ -297,6 +387,7 @@ class Replayer:
 
     def _capacities(self, calls: dict[str, ModelCall], fix: Fix | None) -> dict[str, int | None]:
         config = self.config
+        # None: the pools of each service's host (run.simulate).
         caps: dict[str, int | None] = {
             THREADS: config.thread_pool_size,
             PROCESSES: config.process_pool_size or config.cores,
@@ -327,13 +418,9 @@ class Replayer:
         if self._loops is None:
             config = self.config
             self._loops = Loops(self._reqs, config.arrivals, config.closed_loop_gap_ms,
-                                config.closed_loop_fraction)  # fmt: skip
-        return simulate(
-            self._loops,
-            lambda req: self._program(req, fix, calls, variant),
-            self.config.cores,
-            capacities,
-        )
+                                config.closed_loop_fraction, config.cores,
+                                config.thread_pool_size)  # fmt: skip
+        return simulate(self._loops, lambda req: self._program(req, fix, calls, variant), capacities)
 
     def _program(
         self, req: RequestRecord, fix: Fix | None, calls: dict[str, ModelCall], variant: Any
@@ -355,6 +442,11 @@ class Replayer:
             builder = ProgramBuilder(req, 0, None, calls, memo)
             program = self._programs[key] = builder.program()
         return program
+
+
+def _queue_wait(req: RequestRecord) -> float:
+    value = req.attributes.get(semconv.QUEUE_WAIT_MS)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def window(reqs: Sequence[RequestRecord], config: ReplayConfig) -> int:
@@ -402,7 +494,7 @@ def validate(requests: Sequence[RequestRecord], config: ReplayConfig | None = No
 
 def project(
     requests: Sequence[RequestRecord], fix: Fix, config: ReplayConfig | None = None
-) -> tuple[dict[str, list[float]] | None, str | None]:
+) -> tuple[dict[str, Any] | None, str | None]:
     """Project ``fix`` on ``requests`` (see :meth:`Replayer.project`).
 
     Args:

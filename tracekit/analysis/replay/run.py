@@ -16,6 +16,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.arrivals import Arrivals, arrivals
 from tracekit.analysis.replay.fixes import PROCESSES, THREADS
+from tracekit.analysis.replay.host import Host, host_of
 from tracekit.analysis.replay.sim import Node, Simulation
 
 # Slices of different requests overlapping for more than this share of the loop time means
@@ -39,6 +40,17 @@ class _Loop:
     indexes: list[int]  # the service's requests, as indexes into the replayed sample
     plan: Arrivals
     mixed: bool
+    host: Host
+
+    @property
+    def mode(self) -> str:
+        """``"closed"`` when the requests replay as closed-loop clients, else ``"open"``."""
+        return "closed" if self.plan.chains else "open"
+
+    @property
+    def clients(self) -> int:
+        """Closed loop: the clients (a client's first request is the one not chained)."""
+        return len(self.plan.ready)
 
 
 class Loops:
@@ -47,11 +59,14 @@ class Loops:
     Args:
         reqs: the replayed requests, sorted by start.
         mode / gap_ms / min_fraction: arrival options (``ReplayConfig``).
+        cores / thread_pool_size: the configured host (``None``: per service, from the trace;
+            :func:`~tracekit.analysis.replay.host.host_of`).
 
     Cost: O(requests + loop slices, log) once; every replay of the sample reuses it.
     """
 
-    def __init__(self, reqs: list[RequestRecord], mode: str, gap_ms: float, min_fraction: float) -> None:
+    def __init__(self, reqs: list[RequestRecord], mode: str, gap_ms: float, min_fraction: float,
+                 cores: int | None = None, thread_pool_size: int | None = None) -> None:  # fmt: skip
         self.reqs = reqs
         self.t0 = min((r.start_ns for r in reqs), default=0)
         by_service: dict[str, list[int]] = {}
@@ -61,22 +76,22 @@ class Loops:
         for service, indexes in by_service.items():
             group = [reqs[i] for i in indexes]
             plan = arrivals(group, self.t0, mode, gap_ms, min_fraction)
-            self.services[service] = _Loop(indexes, plan, mixes_loops(group))
+            host = host_of(group, cores, thread_pool_size)
+            self.services[service] = _Loop(indexes, plan, mixes_loops(group), host)
 
 
 def simulate(
     loops: Loops,
     program: Callable[[RequestRecord], list[Node]],
-    cores: int,
     capacities: dict[str, int | None],
 ) -> Run:
     """Replay ``loops``' requests, each as ``program(request)``, one simulation per service.
 
     Args:
-        loops: the sample, grouped.
+        loops: the sample, grouped, with each service's host (cores, thread pool).
         program: the program of a request (as recorded, or with a fix).
-        cores: CPU cores per process.
-        capacities: slots per HOLD resource.
+        capacities: slots per HOLD resource; the pools' (:data:`THREADS`,
+            :data:`PROCESSES`) default to the service's host when absent or ``None``.
 
     Returns:
         The :class:`Run`.
@@ -86,7 +101,10 @@ def simulate(
         if loop.mixed:
             run.multi_loop.append(service)
         programs = [program(loops.reqs[i]) for i in loop.indexes]
-        sim = Simulation(cores, capacities, frozenset((THREADS, PROCESSES)))
+        host = loop.host
+        caps = {**capacities, THREADS: capacities.get(THREADS) or host.thread_pool_size,
+                PROCESSES: capacities.get(PROCESSES) or host.cores}  # fmt: skip
+        sim = Simulation(host.cores, caps, frozenset((THREADS, PROCESSES)))
         opens = [loop.plan.ready.get(local) for local in range(len(loop.indexes))]
         ends = sim.run(programs, opens, _Chainer(sim, loop.plan.chains))
         for local, index in enumerate(loop.indexes):
@@ -128,6 +146,23 @@ def _relative(simulated: float, measured: float) -> float:
     if measured <= 0:
         return 0.0 if simulated <= 0 else math.inf
     return simulated / measured - 1.0
+
+
+def measured(reqs: list[RequestRecord], run: Run, route: str) -> dict[str, float]:
+    """``route``'s recorded p50, p95 (ms) and throughput (requests/s), over the requests
+    ``run`` replayed (as :func:`figures` reads a replay)."""
+    on = [r for i, r in enumerate(reqs) if r.route == route and i in run.latency]
+    span_s = (max(r.end_ns for r in on) - min(r.start_ns for r in on)) / 1e9
+    return {
+        "p50_ms": percentile([r.wall_ms for r in on], 0.5),
+        "p95_ms": percentile([r.wall_ms for r in on], 0.95),
+        "throughput_rps": len(on) / span_s if span_s > 0 else 0.0,
+    }
+
+
+def latencies(reqs: list[RequestRecord], run: Run, route: str) -> list[float]:
+    """``route``'s simulated latencies in ``run`` (ms)."""
+    return [run.latency[i] for i, r in enumerate(reqs) if r.route == route and i in run.latency]
 
 
 def figures(reqs: list[RequestRecord], run: Run, route: str) -> dict[str, float]:

@@ -113,7 +113,7 @@ class BackgroundOnLoop:
             impact = projection["p50_ms"][0] - projection["p50_ms"][1]
         return Finding(
             rule=self.id, route=route, stage=None, function=None,
-            severity=severity_for(impact, p50_latency(reqs)), impact_ms=impact,
+            severity=severity_for(impact, p50_latency(reqs), projection), impact_ms=impact,
             evidence=evidence, fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip

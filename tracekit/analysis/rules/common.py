@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
@@ -139,7 +140,7 @@ def finding(
     Returns:
         The finding; its impact is the larger of the measured one and the projected p50 gain.
     """
-    projection: dict[str, list[float]] | None = None
+    projection: dict[str, Any] | None = None
     note = no_model_note
     if model is not None and ctx.project is not None:
         projection, note = ctx.project(requests, model)
@@ -151,7 +152,7 @@ def finding(
         route=route,
         stage=stage,
         function=function,
-        severity=severity_for(impact_ms, route_p50_ms),
+        severity=severity_for(impact_ms, route_p50_ms, projection),
         impact_ms=impact_ms,
         evidence=evidence,
         fix_title=fix[0],

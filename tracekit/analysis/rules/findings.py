@@ -7,28 +7,29 @@ replay's :class:`~tracekit.analysis.replay.Fix` that says which transformation o
 recorded requests the proposed code corresponds to.
 
 Severity (report contract): ``high`` when the impact is at least 20% of the route's p50
-latency or at least 50 ms, ``medium`` at least 5%, else ``low``.
+latency or at least 50 ms, ``medium`` at least 5%, else ``low``. With a projection, the
+impact is the projected gain, the weaker of the p50's and the p95's, each measured against
+its own before; a gain at or below zero, or within the projection's range (the after's
+range reaches the before), counts as none: ``low``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracekit.errors import ConfigurationError
 
 if TYPE_CHECKING:  # types only: the renderers import the severities without the replay
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from tracekit.analysis.model import RequestRecord
     from tracekit.analysis.replay import Fix
     from tracekit.analysis.stats.loop_windows import LoopWindows
 
     #: ``project(requests, fix) -> (projection dict | None, note | None)``.
-    ProjectFn = Callable[
-        [Sequence[RequestRecord], Fix], tuple[dict[str, list[float]] | None, str | None]
-    ]
+    ProjectFn = Callable[[Sequence[RequestRecord], Fix], tuple[dict[str, Any] | None, str | None]]
 
 #: Severities, most severe first: the order reports list findings in and the choices of
 #: ``tracekit analyze --fail-on``.
@@ -82,20 +83,51 @@ def finding_order(finding: Finding) -> tuple[int, float]:
     return severity_rank(finding.severity), -finding.impact_ms
 
 
-def severity_for(impact_ms: float, route_p50_ms: float | None) -> str:
-    """The severity of a finding from its impact (report contract thresholds).
+def severity_for(
+    impact_ms: float, route_p50_ms: float | None, projection: Mapping[str, Any] | None = None
+) -> str:
+    """The severity of a finding: from its projection when it has one, else from its
+    measured impact (report contract thresholds).
 
     Args:
-        impact_ms: the measured or projected latency the defect costs, per request.
+        impact_ms: the measured latency the defect costs, per request.
         route_p50_ms: the route's median latency; ``None`` or 0 when unknown.
+        projection: the finding's projection (``p50_ms`` / ``p95_ms`` as ``[before, after]``,
+            and the after's ``range`` when known), or ``None``.
 
     Returns:
-        ``"high"``, ``"medium"`` or ``"low"``.
+        ``"high"``, ``"medium"`` or ``"low"``; never above ``"low"`` when the projected gain
+        is at or below zero or within the projection's range.
     """
+    if projection is not None:
+        return _projected_severity(projection)
+    return _severity(impact_ms, route_p50_ms)
+
+
+def _projected_severity(projection: Mapping[str, Any]) -> str:
+    # The weaker of the p50's and the p95's: a fix rated high helps the median and the tail.
+    spread = projection.get("range")
+    rank = 0
+    for key in ("p50_ms", "p95_ms"):
+        pair = projection.get(key)
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            return "low"
+        before, after = float(pair[0]), float(pair[1])
+        gain = before - after
+        bounds = spread.get(key) if isinstance(spread, Mapping) else None
+        if isinstance(bounds, Sequence) and len(bounds) == 2 and float(bounds[1]) >= before:
+            gain = 0.0  # the after's range reaches the before: within noise
+        rank = max(rank, _RANK[_severity(gain, before)])
+    return SEVERITIES[rank]
+
+
+def _severity(impact_ms: float, base_ms: float | None) -> str:
+    if impact_ms <= 0:
+        return "low"
     if impact_ms >= HIGH_MS:
         return "high"
-    if route_p50_ms and route_p50_ms > 0:
-        share = impact_ms / route_p50_ms
+    if base_ms and base_ms > 0:
+        share = impact_ms / base_ms
         if share >= HIGH_FRACTION:
             return "high"
         if share >= MEDIUM_FRACTION:
@@ -144,8 +176,9 @@ class Finding:
         evidence: one sentence with the numbers that show it.
         fix_title: what to change, in a line.
         fix_code: the change, as code written for this stage.
-        projection: ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...]}``
-            from the replay, or ``None``.
+        projection: ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...],
+            "range": {...}, "model": {...}}`` from the replay (``docs/analyzer.md``), or
+            ``None``.
         projection_note: why there is no projection (``None`` when there is one).
     """
 
@@ -158,7 +191,7 @@ class Finding:
     evidence: str
     fix_title: str
     fix_code: str
-    projection: dict[str, list[float]] | None = None
+    projection: dict[str, Any] | None = None
     projection_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -103,7 +103,7 @@ class GcPauses:
             impact = max(impact, projection["p50_ms"][0] - projection["p50_ms"][1])
         return Finding(
             rule=self.id, route=route, stage=None, function=None,
-            severity=severity_for(impact, p50_latency(reqs)), impact_ms=impact,
+            severity=severity_for(impact, p50_latency(reqs), projection), impact_ms=impact,
             evidence=evidence, fix_title=fix[0],
             fix_code=fix[1] + "# projected: the route's requests without their own GC pauses "
             "(other requests' waits behind a pause kept: a lower bound on the gain)\n",

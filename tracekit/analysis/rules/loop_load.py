@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay.host import quantile_range
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.stats.loop_windows import LoopWindow, processes
 
@@ -171,14 +173,15 @@ def utilisation_factor(rho: float, rho_after: float) -> float:
 
 def queueing_projection(
     requests: Sequence[RequestRecord], route: str, factor: float, *, minus_ms: str | None = None
-) -> dict[str, list[float]] | None:
+) -> dict[str, Any] | None:
     """Before and after of ``route``'s requests when each one's recorded loop wait is scaled
     by ``factor`` (and, with ``minus_ms``, the request-span attribute of that name, such as
     ``tracekit.gc_ms``, is taken off its latency).
 
     Returns:
-        ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [rps, rps]}``, or
-        ``None`` without instrumented requests of the route.
+        ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [rps, rps],
+        "range": {...}, "model": {...}}``, or ``None`` without instrumented requests of the
+        route.
     """
     reqs = [r for r in requests if r.route == route and r.instrumented]
     if not reqs:
@@ -195,8 +198,14 @@ def queueing_projection(
         after.append(max(0.0, wall - cut))
     span_s = (max(r.end_ns for r in reqs) - min(r.start_ns for r in reqs)) / 1e9
     rps = len(reqs) / span_s if span_s > 0 else 0.0
+    # The after's range: the percentiles' sampling error (the before is measured, so there is
+    # no replay residual to carry); the model statement: this module's docstring.
+    p50, p95 = quantile_range(after, 0.5), quantile_range(after, 0.95)
     return {
         "p50_ms": [percentile(before, 0.5), percentile(after, 0.5)],
         "p95_ms": [percentile(before, 0.95), percentile(after, 0.95)],
         "throughput_rps": [rps, rps],
+        "range": {"p50_ms": list(p50), "p95_ms": list(p95), "throughput_rps": [rps, rps]},
+        "model": {"method": "queueing", "arrivals": "open", "rate_rps": round(rps, 3),
+                  "cores": 1, "cores_source": "one per worker process"},  # fmt: skip
     }

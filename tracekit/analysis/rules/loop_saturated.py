@@ -202,7 +202,7 @@ class LoopSaturated:
             impact = max(impact, projection["p50_ms"][0] - projection["p50_ms"][1])
         return Finding(
             rule=self.id, route=victim, stage=None, function=None,
-            severity=severity_for(impact, p50), impact_ms=impact, evidence="; ".join(evidence),
+            severity=severity_for(impact, p50, projection), impact_ms=impact, evidence="; ".join(evidence),
             fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip

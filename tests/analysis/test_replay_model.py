@@ -1,0 +1,240 @@
+"""The replay states its model and gives a range: cores from the trace or ``--cores``, closed-
+and open-loop arrivals, projections checked against the system with the fix applied, and the
+severity that follows the projection."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from msgspec.structs import replace
+
+from tests.analysis.factories import Job, Op, simulate_gateway
+from tracekit import semconv
+from tracekit._percentile import percentile
+from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
+from tracekit.analysis.replay.host import cpu_count, quantile_range
+from tracekit.analysis.rules.common import finding
+from tracekit.analysis.rules.findings import RuleContext, severity_for
+from tracekit.cli import main
+
+ROUTE = "POST /v1/chat/completions"
+KINDS = {"model": "model", "tokenize": "tokenize"}
+
+
+def _ops(rng: random.Random, tokenize: str) -> list[Op]:
+    # Tokenize on the loop ("cpu") or on a worker thread ("thread": the fix applied).
+    return [Op("cpu", 0.3), Op(tokenize, 18 + 8 * rng.random(), "tokenize"),
+            Op("model", 60 + 40 * rng.random(), "model"), Op("cpu", 0.5)]  # fmt: skip
+
+
+def _system(
+    tokenize: str, *, clients: int | None = None, arrivals: list[float] | None = None
+) -> list[RequestRecord]:
+    rng = random.Random(5)  # the same jobs before and after the fix
+    n = len(arrivals) if arrivals is not None else 300
+    at = arrivals or [0.0] * n
+    jobs = [Job(ROUTE, _ops(rng, tokenize), at[i], kinds=KINDS) for i in range(n)]
+    return simulate_gateway(jobs, clients=clients, think_ms=1.0)
+
+
+def _poisson(n: int, rps: float) -> list[float]:
+    rng, t, out = random.Random(11), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rps / 1000.0)
+        out.append(t)
+    return out
+
+
+def _measured(records: list[RequestRecord]) -> dict[str, float]:
+    walls = [r.wall_ms for r in records]
+    span_s = (max(r.end_ns for r in records) - min(r.start_ns for r in records)) / 1e9
+    return {"p50_ms": percentile(walls, 0.5), "p95_ms": percentile(walls, 0.95),
+            "throughput_rps": len(records) / span_s}  # fmt: skip
+
+
+# The simulated gateway's worker threads do not share cores: neither does a replay on 16.
+CONFIG = ReplayConfig(cores=16, thread_pool_size=16)
+FIX = Fix("thread", ROUTE, "tokenize", gil_free=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "load"),
+    [("closed", {"clients": 6}), ("open", {"arrivals": _poisson(400, 30.0)})],
+)
+def test_closed_and_open_loop_load_reproduce_and_the_projection_holds(
+    kind: str, load: dict[str, Any]
+) -> None:
+    before, after = _system("cpu", **load), _system("thread", **load)
+    replayer = Replayer(CONFIG)
+    validation = replayer.validate(before)
+    assert validation.ok, validation.reason
+    assert abs(validation.p50_error or 0) < 0.05 and abs(validation.p95_error or 0) < 0.08
+    projection, note = replayer.project(before, FIX)
+    assert projection is not None, note
+    model = projection["model"]
+    assert model["arrivals"] == kind and model["cores"] == 16 and model["cores_source"] == "--cores"
+    if kind == "closed":
+        assert model["clients"] == 6
+    else:  # the recorded rate: 400 requests over the Poisson arrivals at 30/s
+        assert model["rate_rps"] == pytest.approx(30.0, rel=0.15)
+    # The fixed system, served the same load, lands within the stated range (the loop, ~23 ms
+    # a request under 6 clients or 30/s, is 65-100% busy before the fix: the gain is large, so
+    # a range that held only by being wide would fail the last assertion).
+    truth = _measured(after)
+    spread = projection["range"]
+    for key in ("p50_ms", "p95_ms", "throughput_rps"):
+        lo, hi = spread[key]
+        assert lo <= projection[key][1] <= hi, (key, projection)
+        assert lo <= truth[key] <= hi, (key, truth[key], spread[key], projection[key])
+    assert spread["p95_ms"][1] < projection["p95_ms"][0]  # a gain outside the noise
+
+
+def test_the_as_recorded_replay_stays_within_its_sampling_range() -> None:
+    # The range's sampling part alone (no residual carried): the measured p50 and p95 of a
+    # closed-loop trace fall within the order-statistic interval of the replayed latencies.
+    records = _system("cpu", clients=6)
+    replayer = Replayer(CONFIG)
+    assert replayer.validate(records).ok
+    run = replayer._baseline(None)
+    simulated = [run.latency[i] for i in range(len(records)) if i in run.latency]
+    for q in (0.5, 0.95):
+        lo, hi = quantile_range(simulated, q)
+        assert lo <= percentile([r.wall_ms for r in records], q) <= hi
+
+
+def _with_cpus(records: list[RequestRecord], **attributes: Any) -> list[RequestRecord]:
+    return [replace(r, attributes={**r.attributes, **attributes}) for r in records]
+
+
+def test_cores_come_from_the_trace_then_the_option_then_this_machine() -> None:
+    records = _system("cpu", clients=10)
+    traced = _with_cpus(records, **{semconv.PROCESS_CPUS: 1, semconv.HOST_CPUS: 8})
+    one, _ = Replayer(ReplayConfig()).project(traced, FIX)
+    assert one is not None
+    assert (one["model"]["cores"], one["model"]["cores_source"]) == (1, "trace")
+    assert one["model"]["thread_pool_size"] == 12  # asyncio's min(32, 8 + 4) on that host
+    four, _ = Replayer(ReplayConfig(cores=4)).project(traced, FIX)
+    assert four is not None and (four["model"]["cores"], four["model"]["cores_source"]) == (4, "--cores")
+    # GIL-free tokenize off the loop runs on the cores: one core is the loop's bottleneck
+    # again, four are not.
+    assert four["p50_ms"][1] < 0.8 * one["p50_ms"][1]
+    plain, _ = Replayer(ReplayConfig()).project(records, FIX)
+    assert plain is not None
+    assert plain["model"]["cores"] == (os.cpu_count() or 1)
+    assert plain["model"]["cores_source"] == "this machine"
+
+
+def test_cpu_counts_are_read_forgivingly() -> None:
+    assert [cpu_count(v) for v in (4, "4", " 2 ", 0, -1, "x", True, 2.5, None)] == [
+        4, 4, 2, None, None, None, None, None, None,
+    ]  # fmt: skip
+
+
+def test_a_decline_says_what_would_let_it_project() -> None:
+    # Requests one after another claim 100 ms of waiting for a loop nobody else used, and
+    # 60 ms each on locks: the replay comes out too fast, and says what it lacks.
+    from tests.analysis.test_replay import _inconsistent
+
+    slow = [replace(r, attributes={**r.attributes, semconv.QUEUE_WAIT_MS: 60.0}) for r in _inconsistent()]
+    projection, note = Replayer(ReplayConfig()).project(slow, FIX)
+    assert projection is None and note is not None
+    assert "what would let it project" in note and "--cores N" in note
+    assert "waited 60.0 ms each on locks and queues" in note
+
+
+# --- severity -------------------------------------------------------------------------------
+def _projection(p50: tuple[float, float], p95: tuple[float, float], noise: float = 0.02) -> dict[str, Any]:
+    return {"p50_ms": list(p50), "p95_ms": list(p95), "throughput_rps": [10.0, 10.0],
+            "range": {"p50_ms": [p50[1] * (1 - noise), p50[1] * (1 + noise)],
+                      "p95_ms": [p95[1] * (1 - noise), p95[1] * (1 + noise)]}}  # fmt: skip
+
+
+def test_severity_follows_the_projection() -> None:
+    # A large measured impact does not make a finding high when the projected gain is none.
+    assert severity_for(500.0, 1000.0) == "high"
+    assert severity_for(500.0, 1000.0, _projection((1000, 1010), (6000, 6010))) == "low"
+    # The issue's case: the p95 gets worse: rated on the weaker of the two gains.
+    assert severity_for(500.0, 1000.0, _projection((1000, 700), (5999, 6010))) == "low"
+    # Within noise: the after's range reaches the before.
+    assert severity_for(0.0, 1000.0, _projection((1000, 960), (2000, 1900), noise=0.06)) == "low"
+    # Outside the noise: the thresholds of the contract, on each percentile's own before.
+    assert severity_for(0.0, 1000.0, _projection((1000, 700), (2000, 1400))) == "high"
+    assert severity_for(0.0, 100.0, _projection((100, 90), (200, 150))) == "medium"
+    assert severity_for(0.0, 100.0, _projection((100, 97), (200, 150))) == "low"
+    # A projection without a range (an older report) is judged on its gain alone.
+    bare = {"p50_ms": [1000, 700], "p95_ms": [2000, 1400], "throughput_rps": [1, 1]}
+    assert severity_for(0.0, 1000.0, bare) == "high"
+
+
+def test_a_rule_finding_takes_the_projections_severity() -> None:
+    def project(requests: Any, fix: Fix) -> tuple[dict[str, Any] | None, str | None]:
+        return _projection((1000, 1005), (6000, 6010)), None
+
+    def make(ctx: RuleContext) -> str:
+        found = finding(rule="sequential-independent", route=ROUTE, stage="guardrail",
+                        function=None, impact_ms=400.0, route_p50_ms=1000.0, evidence="",
+                        fix=("", ""), requests=[], ctx=ctx, model=FIX)  # fmt: skip
+        return found.severity
+
+    assert make(RuleContext(project=project)) == "low"
+    assert make(RuleContext()) == "high"  # no projection: the measured impact
+
+
+# --- the host in the trace, and --cores -------------------------------------------------------
+def test_configure_records_the_hosts_cpus_on_the_resource() -> None:
+    from tracekit.config import host_cpus
+
+    cpus = host_cpus()
+    assert cpus[semconv.HOST_CPUS] == os.cpu_count()
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert cpus[semconv.PROCESS_CPUS] == expected
+
+
+def _otlp_file(path: Path, cpus: int | None) -> None:
+    # An OTLP JSON document of a generated gateway, with the host's CPUs on the resource.
+    from tests.helpers import gen_traces
+
+    gen = gen_traces()
+    spans = list(gen.Gateway(seed=3).spans(1500))
+    doc = gen.traces_data(spans)
+    if cpus is not None:
+        for rs in doc["resourceSpans"]:
+            value = {"key": semconv.PROCESS_CPUS, "value": {"intValue": str(cpus)}}
+            rs["resource"]["attributes"].append(value)
+    path.write_text(json.dumps(doc))
+
+
+def test_cli_cores_option_and_the_trace_resource(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    traced = tmp_path / "traced.json"
+    _otlp_file(traced, cpus=3)
+    assert main(["analyze", str(traced), "--format", "json"]) == 0
+    model = json.loads(capsys.readouterr().out)["validation"]["model"]
+    assert (model["cores"], model["cores_source"]) == (3, "trace")
+    assert main(["analyze", str(traced), "--format", "json", "--cores", "5"]) == 0
+    model = json.loads(capsys.readouterr().out)["validation"]["model"]
+    assert (model["cores"], model["cores_source"]) == (5, "--cores")
+    assert main(["analyze", str(traced), "--cores", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--cores" in err and "Traceback" not in err
+
+
+def test_jaeger_process_tags_and_otlp_resources_reach_the_request_spans() -> None:
+    from tracekit.analysis.readers.common import ReadStats
+    from tracekit.analysis.readers.jaeger import _trace_spans
+
+    span = {"traceID": "ab", "spanID": "01", "operationName": "POST /x", "startTime": 1,
+            "duration": 5, "processID": "p1", "tags": [{"key": "span.kind", "value": "server"}]}  # fmt: skip
+    child = {**span, "spanID": "02", "references": [{"refType": "CHILD_OF", "spanID": "01"}],
+             "tags": []}  # fmt: skip
+    tags = [{"key": semconv.PROCESS_CPUS, "type": "int64", "value": 6}]
+    processes = {"p1": {"serviceName": "gw", "tags": tags}}
+    trace = {"traceID": "ab", "spans": [span, child], "processes": processes}
+    server, inner = _trace_spans(trace, ReadStats(), "test")
+    assert server.attributes[semconv.PROCESS_CPUS] == 6
+    assert semconv.PROCESS_CPUS not in inner.attributes  # only spans that can be requests

@@ -1,0 +1,147 @@
+"""The replay's model statement: the gateway host it assumes, the arrivals it replays, and the
+range it gives around a projection.
+
+**Cores.** GIL-free work runs on up to ``cores`` CPUs, and asyncio's default thread pool has
+``min(32, cpus + 4)`` workers, both on the *gateway host*, not the machine running the
+analyzer. The recorder writes them on its resource (``tracekit.process.cpus``: the CPUs the
+process may run on; ``tracekit.host.cpus``: the machine's); the readers copy them onto the
+request spans. Precedence: ``ReplayConfig(cores=...)`` (``tracekit analyze --cores N``), else
+the trace, else this machine's (said so in the statement).
+
+**Range.** The after figure is the replay's central estimate. Its range covers two
+uncertainties, both read from the trace: the sampling error of a percentile of the
+replayed requests (a distribution-free 95% interval from the order statistics: the
+ranks ``n q ± 1.96 sqrt(n q (1 - q))``), and the model's own error on this route as
+recorded (the validation's residual: when the as-recorded replay came out 6% short, the
+after may be 6% short too, so the range reaches ``after / (1 - 0.06)``). Throughput: the
+residual of the as-recorded throughput, and a count's sampling error (``1.96 / sqrt(n)``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit import semconv
+from tracekit.analysis.model import RequestRecord
+
+#: Where the cores came from, as the statement says it.
+FROM_OPTION = "--cores"
+FROM_TRACE = "trace"
+FROM_MACHINE = "this machine"
+_Z95 = 1.96
+
+
+@dataclass(frozen=True)
+class Host:
+    """The gateway host the replay assumes for one service.
+
+    Attributes:
+        cores: CPUs the process may use (GIL-free work runs on up to this many).
+        source: :data:`FROM_OPTION`, :data:`FROM_TRACE` or :data:`FROM_MACHINE`.
+        machine_cpus: the host's logical CPUs when the trace says (asyncio sizes its
+            default thread pool from them), else ``None``.
+        thread_pool_size: workers of asyncio's default executor in the model.
+    """
+
+    cores: int
+    source: str
+    machine_cpus: int | None
+    thread_pool_size: int
+
+
+def cpu_count(value: object) -> int | None:
+    """A CPU count read from an attribute: a positive int (or its text, as
+    ``OTEL_RESOURCE_ATTRIBUTES`` gives it), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        if not value.isdigit():
+            return None
+        value = int(value)
+    return value if isinstance(value, int) and 0 < value < 1 << 20 else None
+
+
+def _recorded(reqs: Sequence[RequestRecord], key: str) -> int | None:
+    # The most common value among the requests (a service's replicas may differ: the model
+    # is one process, so one value, the typical one).
+    counts: dict[int, int] = {}
+    for req in reqs:
+        value = cpu_count(req.attributes.get(key))
+        if value is not None:
+            counts[value] = counts.get(value, 0) + 1
+    return max(sorted(counts), key=lambda v: counts[v]) if counts else None
+
+
+def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: int | None) -> Host:
+    """The :class:`Host` of one service's requests.
+
+    Args:
+        reqs: the service's replayed requests.
+        cores: the configured cores (``None``: the trace's, else this machine's).
+        thread_pool_size: the configured pool (``None``: asyncio's default on the host).
+    """
+    machine = _recorded(reqs, semconv.HOST_CPUS)
+    if cores is not None:
+        found, source = cores, FROM_OPTION
+    else:
+        recorded = _recorded(reqs, semconv.PROCESS_CPUS) or machine
+        if recorded is not None:
+            found, source = recorded, FROM_TRACE
+        else:
+            found, source = os.cpu_count() or 1, FROM_MACHINE
+    pool = thread_pool_size or min(32, (machine or found) + 4)
+    return Host(found, source, machine, pool)
+
+
+def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: int,
+              tolerance: float) -> dict[str, Any]:  # fmt: skip
+    """The report's ``model`` object: what the replay assumed (``docs/analyzer.md``)."""
+    arrivals: dict[str, Any] = (
+        {"arrivals": "closed", "clients": clients}
+        if mode == "closed"
+        else {"arrivals": "open", "rate_rps": round(rate_rps, 3)}
+    )
+    return {
+        "method": "replay",
+        **arrivals,
+        "cores": host.cores,
+        "cores_source": host.source,
+        "thread_pool_size": host.thread_pool_size,
+        "event_loops": 1,
+        "gil": True,
+        "requests": requests,
+        "tolerance": tolerance,
+    }
+
+
+def quantile_range(values: Sequence[float], q: float) -> tuple[float, float]:
+    """A distribution-free 95% interval of the ``q``-quantile of ``values`` (order
+    statistics: the binomial ranks ``n q ± 1.96 sqrt(n q (1 - q))``)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return (math.nan, math.nan)
+    spread = _Z95 * math.sqrt(n * q * (1 - q))
+    lo = max(0, math.floor(n * q - spread) - 1)
+    hi = min(n - 1, math.ceil(n * q + spread))
+    return ordered[lo], ordered[hi]
+
+
+def widen(interval: tuple[float, float], error: float) -> list[float]:
+    """``interval`` joined with itself corrected by the model's relative ``error`` on the
+    recorded trace (simulated / measured - 1): ``value / (1 + error)``."""
+    lo, hi = interval
+    scale = 1.0 / (1.0 + error) if error > -1 else 1.0
+    return [round(min(lo, lo * scale), 3), round(max(hi, hi * scale), 3)]
+
+
+def throughput_range(after: float, error: float, count: int) -> list[float]:
+    """The range of a projected throughput: the as-recorded replay's relative ``error``, and
+    the sampling error of ``count`` requests."""
+    noise = _Z95 / math.sqrt(count) if count > 0 else 0.0
+    return widen((after * (1 - noise), after * (1 + noise)), error)
