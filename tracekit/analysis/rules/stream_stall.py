@@ -24,36 +24,51 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
-from tracekit.analysis.rules.common import LoopIndex, by_route, finding, loop_usage, ms, p50_latency
+from tracekit.analysis.rules.common import LoopIndex, by_route, finding, ms, p50_latency
 from tracekit.analysis.rules.cpu_on_loop import fix_for_cpu
 from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.rules.stage_code import StageCode
 from tracekit.analysis.stats.intervals import StageTree, function_of
 
 _MS = 1e6
 
 
-def _model_pace_ms(req: RequestRecord) -> float | None:
-    """The model's own time per chunk in ``req`` from token counts, or ``None``."""
-    if not req.chunks:
+def _model_pace_ms(req: RequestRecord) -> tuple[float, bool] | None:
+    """The model's own time per chunk in a stream, and whether its stage measured it.
+
+    The model stage's time after its first chunk (``gen_ai.response.time_to_first_chunk``,
+    else the request's first chunk), less its CPU, its consumer's time and its children's,
+    over the gaps: the time it was suspended per chunk, waiting for the model server (or
+    for the loop once the server's chunk was there). A stall is caught up in a burst
+    (chunks buffered meanwhile are read without waiting), so this stays the model's pace;
+    the median gap does not (chunks of a burst are microseconds apart), nor does token
+    time from the stage's wait alone (a burst has none). Without a timed model stage: the
+    stream's mean gap (``tracekit.tpot_ms``), which its own per-chunk work also slows.
+    """
+    gaps = (req.chunks or 0) - 1
+    if gaps < 1:
         return None
-    wait = 0.0
-    tokens = 0
-    for stage in req.stages:
-        if stage.kind != semconv.KIND_MODEL or stage.wait_ms is None:
-            continue
-        count = stage.attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
-        if type(count) is not int or count <= 1:
-            continue
-        first = stage.attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)
-        decode = stage.wait_ms
-        if isinstance(first, (int, float)) and 0 <= first * 1000 < decode:
-            decode -= first * 1000
-            count -= 1
-        wait += decode
-        tokens += count
-    if tokens <= 0:
-        return None
-    return wait / tokens * max(1.0, tokens / req.chunks)
+    model = next((s for s in reversed(req.stages) if s.kind == semconv.KIND_MODEL
+                  and s.cpu_ms is not None), None)  # fmt: skip
+    if model is not None:
+        ttfc = model.attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)
+        first = (
+            model.start_ns + int(ttfc * 1e9) if isinstance(ttfc, (int, float)) and ttfc >= 0
+            else req.start_ns + int((req.ttft_ms or 0.0) * _MS)
+        )
+        busy = (model.cpu_ms or 0.0) + (model.children_ms or 0.0) + _consumer_ms(model)
+        suspended = (model.end_ns - first) / _MS - busy
+        if suspended > 0:
+            return suspended / gaps, True
+    if req.tpot_ms is not None and req.tpot_ms > 0:
+        return req.tpot_ms, False
+    return None
+
+
+def _consumer_ms(stage: StageRecord) -> float:
+    """``tracekit.consumer_ms`` of a generator stage: 0 when absent or malformed."""
+    value = stage.attributes.get(semconv.CONSUMER_MS)
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < float("inf") else 0.0
 
 
 class StreamStall:
@@ -103,11 +118,13 @@ class StreamStall:
         ctx: RuleContext,
     ) -> Finding | None:
         paces = [p for p in (_model_pace_ms(r) for r in streamed) if p is not None]
-        if paces:
-            pace, source = percentile(paces, 0.5), "from model time / output tokens"
-        else:
-            pace = percentile([r.itl_p50_ms or 0.0 for r in streamed], 0.5)
-            source = "the median inter-chunk gap"
+        if not paces:
+            return None
+        pace = percentile([p for p, _ in paces], 0.5)
+        source = (
+            "its stage's time suspended between chunks" if sum(m for _, m in paces) * 2 > len(paces)
+            else "the streams' mean gap"
+        )
         p95 = percentile([r.itl_p95_ms or 0.0 for r in streamed], 0.5)
         if pace <= 0 or p95 < self.ratio * pace or p95 - pace < self.min_excess_ms:
             return None
@@ -159,28 +176,34 @@ class StreamStall:
         requests: Sequence[RequestRecord],
         ctx: RuleContext,
     ) -> Finding:
-        """Another stage held the loop while the streams waited: fix that stage."""
+        """Another request's stage held the loop while the streams waited: fix that stage
+        (the symptom of its cpu-on-loop or blocking-call-on-loop finding, folded into it)."""
         c_route, c_stage, c_record, blamed_ms = culprit
-        function = function_of(c_record)
-        kind = c_record.kind if c_record is not None else None
-        fix, model = fix_for_cpu(c_route, c_stage, kind, function)
-        whose = "their own" if c_route == route else f"{c_route}'s"
-        evidence = (
-            f"{head}; while they waited for the loop, it was running {whose} "
+        code = StageCode.of(c_stage, [c_record])
+        fix, model, note = fix_for_cpu(c_route, code)
+        # Never "their own": the streams' own stages before their first chunk are excluded;
+        # what held the loop was this stage of *other* requests (new arrivals, for a stage
+        # that runs before a stream starts).
+        whose = "other requests' own" if c_route == route else f"{c_route}'s"
+        held = (
+            f"while they waited for the loop, it was running {whose} "
             f"{c_stage or 'handler code'} ({ms(blamed_ms / streams)} per streamed request)"
         )
         return finding(
             rule=self.id,
             route=route,
             stage=c_stage,
-            function=function,
+            function=code.function,
             impact_ms=stall,
             route_p50_ms=p50,
-            evidence=evidence,
+            evidence=f"{head}; {held}",
             fix=fix,
             requests=requests,
             ctx=ctx,
-            model=replace(model, report_route=route),
+            model=replace(model, report_route=route) if model is not None else None,
+            no_model_note=note,
+            caused_by=(("cpu-on-loop", c_route, c_stage), ("blocking-call-on-loop", c_route, c_stage)),
+            folded=f"this is also why {route}'s streams stall: {head} (stream-stall)",
         )
 
     def _per_chunk(
@@ -202,7 +225,7 @@ class StreamStall:
         )
         model: Fix | None = None
         if o_record is not None and o_record.kind == semconv.KIND_SERIALIZE:
-            model = fix_for_cpu(route, o_stage, o_record.kind, function)[1]
+            model = fix_for_cpu(route, StageCode.of(o_stage, [o_record]))[1]
         return finding(
             rule=self.id,
             route=route,
@@ -218,6 +241,11 @@ class StreamStall:
             no_model_note=(
                 "the replay models end-to-end latency, not per-chunk timing: coalescing "
                 "chunks has no projection"
+            ),
+            caused_by=(("cpu-on-loop", route, o_stage),),
+            folded=(
+                f"this is also why the streams stall: {head}, and {o_stage or 'handler code'} "
+                f"takes {ms(per_chunk)} per chunk (stream-stall)"
             ),
         )
 
@@ -254,11 +282,21 @@ class StreamStall:
         records: dict[str | None, StageRecord | None] = {}
         for req in streamed:
             tree = StageTree(req)
-            for name, usage in loop_usage(req, tree).items():
-                if usage.stage is not None and usage.stage.kind == semconv.KIND_MODEL:
+            first = req.start_ns + int((req.ttft_ms or 0.0) * _MS)
+            gaps = max(1, (req.chunks or 1) - 1)
+            for stage in (None, *req.stages):
+                if stage is not None and (stage.kind == semconv.KIND_MODEL or stage.cpu_ms is None
+                                          or stage.on_loop is False):  # fmt: skip
                     continue  # the model's own steps are the stream, not work per chunk
-                per.setdefault(name, []).append(usage.held_ms / max(1, req.chunks or 1))
-                records.setdefault(name, usage.stage)
+                # Only what held the loop after the first chunk: a stage that ran before the
+                # stream started (its own tokenizer, guardrail) is not work per chunk.
+                held = sum(max(0, b - max(a, first)) for a, b in tree.own_slices(stage, req))
+                if stage is not None and stage.start_ns >= first:
+                    # All of it is after the first chunk: its CPU counts, slices < 1 ms too.
+                    held = max(held, int((stage.cpu_ms or 0.0) * _MS))
+                name = stage.name if stage is not None else None
+                per.setdefault(name, []).append(held / _MS / gaps)
+                records.setdefault(name, stage)
         if not per:
             return None
         name = max(per, key=lambda k: percentile(per[k], 0.5))
