@@ -31,19 +31,22 @@ from tracekit.analysis.rules.stage_code import StageCode
 from tracekit.analysis.stats.intervals import StageTree, function_of
 
 _MS = 1e6
+_STALLED = "streamed responses stalled: "
 
 
 def _model_pace_ms(req: RequestRecord) -> tuple[float, bool] | None:
     """The model's own time per chunk in a stream, and whether its stage measured it.
 
-    The model stage's time after its first chunk (``gen_ai.response.time_to_first_chunk``,
-    else the request's first chunk), less its CPU, its consumer's time and its children's,
-    over the gaps: the time it was suspended per chunk, waiting for the model server (or
-    for the loop once the server's chunk was there). A stall is caught up in a burst
-    (chunks buffered meanwhile are read without waiting), so this stays the model's pace;
-    the median gap does not (chunks of a burst are microseconds apart), nor does token
-    time from the stage's wait alone (a burst has none). Without a timed model stage: the
-    stream's mean gap (``tracekit.tpot_ms``), which its own per-chunk work also slows.
+    From the model stage after its first chunk (``gen_ai.response.time_to_first_chunk``,
+    else the request's first chunk): its time suspended per gap (wall less its CPU, its
+    consumer's time and its children's), and the part of it that was not a recorded loop
+    wait. A stream read in bursts (its median gap below that second figure: chunks that
+    arrived while the loop was held were read back to back) absorbed its loop waits, so
+    its pace is the suspended time per gap (the model kept producing meanwhile); a stream
+    without bursts waited for the model after each loop wait, so its pace leaves them out.
+    The median gap alone is not the pace (a burst's chunks are microseconds apart), nor
+    is token time from the stage's wait alone. Without a timed model stage: the stream's
+    mean gap (``tracekit.tpot_ms``).
     """
     gaps = (req.chunks or 0) - 1
     if gaps < 1:
@@ -59,7 +62,10 @@ def _model_pace_ms(req: RequestRecord) -> tuple[float, bool] | None:
         busy = (model.cpu_ms or 0.0) + (model.children_ms or 0.0) + _consumer_ms(model)
         suspended = (model.end_ns - first) / _MS - busy
         if suspended > 0:
-            return suspended / gaps, True
+            loop_waits = sum(max(0, b - max(a, first)) for a, b in model.loop_waits) / _MS
+            waiting = max(0.0, suspended - loop_waits) / gaps
+            bursts = req.itl_p50_ms is not None and req.itl_p50_ms < waiting
+            return (suspended / gaps if bursts else waiting), True
     if req.tpot_ms is not None and req.tpot_ms > 0:
         return req.tpot_ms, False
     return None
@@ -132,7 +138,7 @@ class StreamStall:
         stall = percentile([max(0.0, (r.itl_max_ms or 0.0) - pace) for r in streamed], 0.5)
         culprit = self._culprit(streamed, requests, ctx)
         head = (
-            f"streamed responses stalled: their inter-chunk gap p95 is {ms(p95)} (median over "
+            f"{_STALLED}their inter-chunk gap p95 is {ms(p95)} (median over "
             f"{len(streamed)} requests; max {ms(worst)}) against the model's own {ms(pace)} "
             f"per chunk ({source})"
         )
@@ -203,7 +209,7 @@ class StreamStall:
             model=replace(model, report_route=route) if model is not None else None,
             no_model_note=note,
             caused_by=(("cpu-on-loop", c_route, c_stage), ("blocking-call-on-loop", c_route, c_stage)),
-            folded=f"this is also why {route}'s streams stall: {head} (stream-stall)",
+            folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)",
         )
 
     def _per_chunk(
@@ -244,8 +250,8 @@ class StreamStall:
             ),
             caused_by=(("cpu-on-loop", route, o_stage),),
             folded=(
-                f"this is also why the streams stall: {head}, and {o_stage or 'handler code'} "
-                f"takes {ms(per_chunk)} per chunk (stream-stall)"
+                f"this is also why the streams stall: {head.removeprefix(_STALLED)}, and "
+                f"{o_stage or 'handler code'} takes {ms(per_chunk)} per chunk (stream-stall)"
             ),
         )
 
