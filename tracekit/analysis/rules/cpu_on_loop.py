@@ -5,9 +5,8 @@ Detects, per route and stage (and the request's own code), on-loop CPU that is l
 ``min_slice_ms``) or measurably delaying others: thousands of 0.1 ms slices delay nobody
 long. The slices may also hold the loop off-CPU (a host short of CPU stretches them; a
 blocking call inside the stage adds to them): the CPU alone decides this rule. The fix
-depends on the stage kind: a worker thread running the GIL-free ``encode_batch`` for
-``tokenize``, ``orjson`` for ``serialize``, a process pool (or less work) for pure-Python
-CPU anywhere else, since a thread would still hold the GIL.
+depends on what the CPU is and on the stage's shape (:func:`fix_for_cpu`,
+:mod:`tracekit.analysis.rules.stage_code`): code where it applies, words where it does not.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """``stream-stall``: inter-token gaps of streamed responses far above the model's own pace.
 
 For each streamed request (``tracekit.chunks`` >= 3 and an ITL p95), the model's own time
-per chunk is estimated from its model stage: the stage's wait (less the time to the first
-chunk when ``gen_ai.response.time_to_first_chunk`` is known) over the output tokens
-(``gen_ai.usage.output_tokens``), times tokens per chunk; without token counts, the route's
-median ITL stands in. Fires when the median of the requests' ITL p95 is at least ``ratio``
-times that and at least ``min_excess_ms`` above it.
+per chunk is estimated from its model stage after its first chunk (:func:`_model_pace_ms`:
+the time it was suspended per gap, loop waits it did not catch up left out). Fires when the
+median of the requests' ITL p95 is at least ``ratio`` times that and at least
+``min_excess_ms`` above it.
 
 Then it looks for what held the loop between chunks: the streamed requests' loop waits after
 their first chunk are intersected with every other request's loop slices (and their own
-per-chunk work is compared with the model's pace). The culprit stage gets the fix; when the
+per-chunk work after the first chunk is compared with the model's pace). The stalls are then
+a symptom of the culprit stage's finding and are folded into it
+(:mod:`tracekit.analysis.rules.folding`); alone, the culprit stage gets the fix. When the
 loop explains nothing, the stalls come from the model server (e.g. long prefills pausing
 decodes), and the fix is chunked prefill.
 """
