@@ -97,13 +97,14 @@ def test_long_names_locations_and_code_wrap_instead_of_being_cut() -> None:
     long_name = "gateway.handlers.chat.completions.streaming_response_assembly_stage"
     where = "app/very/deeply/nested/package/module_with_a_long_name.py:1234 in <genexpr>"
     d["routes"][0]["stages"][0].update(stage=long_name, blocked_at=where)
-    d["findings"][0]["fix"]["code"] = "    # " + "a comment that is much wider than forty columns " * 2
+    d["findings"][0]["fix"]["code"] = "    x = 1  # " + "a comment that is much wider than forty columns " * 2
     for width in (40, 60):
         lines = render_text(d, width=width, color=False, unicode=True).splitlines()
         assert all(len(line) <= width for line in lines) and not any("…" in line for line in lines[1:])
         joined = "".join(line.strip() for line in lines)
         assert long_name in joined and f"blocked at {where}".replace(" ", "") in joined.replace(" ", "")
-        assert all(line.lstrip().startswith("#") for line in lines if "forty" in line or "comment" in line)
+        code = [line.strip() for line in lines if "forty" in line or "comment" in line]
+        assert code[0].startswith("x = 1  #") and all(c.startswith("#") for c in code[1:])
 
 
 def test_routes_without_stages_and_next_to_no_time_are_listed_in_one_line() -> None:

@@ -247,10 +247,14 @@ class _Renderer:
             self._add(f"      {self.p.cyan}{line}{self.p.reset}")
             return
         indent = len(line) - len(line.lstrip())
-        comment = line.lstrip().startswith("#")
-        hang = " " * (indent + 4) + ("# " if comment else "")
-        for part in textwrap.wrap(line, limit, subsequent_indent=hang, break_on_hyphens=False,
-                                  drop_whitespace=True) or [line]:  # fmt: skip
+        hang = " " * (indent + 4)
+        parts = textwrap.wrap(line, limit, subsequent_indent=hang, break_on_hyphens=False)
+        comment = line.find("#")  # a comment (or a "#" in a string: then one more is harmless)
+        if 0 <= comment < len(parts[0]):
+            # The break falls inside the comment: its continuation stays a comment.
+            parts = textwrap.wrap(line, limit, subsequent_indent=hang + "# ",
+                                  break_on_hyphens=False)  # fmt: skip
+        for part in parts:
             self._add(f"      {self.p.cyan}{part}{self.p.reset}")
 
     def _cut(self, text: str, limit: int) -> str:

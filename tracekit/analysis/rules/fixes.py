@@ -95,7 +95,7 @@ from concurrent.futures import ProcessPoolExecutor
 _pool = ProcessPoolExecutor()  # create once, at startup
 
 def _{fn}(*args):
-    ...  # the old body, undecorated, at module level: pickled by reference
+    ...  # the old body, undecorated, at module level (pickles by name)
 
 @tracekit.stage({_literal(stage)})
 async def {fn}(*args):
