@@ -4,6 +4,7 @@ stage and a validated projection; healthy traces give no findings; real HotROD t
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -235,17 +236,19 @@ def test_a_healthy_trace_gives_no_findings(trace) -> None:  # type: ignore[no-un
     [
         (cpu_tokenize, {("cpu-on-loop", "tokenize")}),
         (cpu_serialize, {("cpu-on-loop", "serialize")}),
-        # A CPU-bound *input* guardrail has both defects: CPU on the loop, and it runs
-        # before a model call that does not need its verdict to start.
-        (cpu_guardrail, {("cpu-on-loop", "guardrail"), ("sequential-independent", "guardrail")}),
+        # A CPU-bound *input* guardrail runs before a model call that does not need its
+        # verdict to start, but cannot overlap it while it holds the loop: one root cause,
+        # cpu-on-loop, with the sequential stages folded in.
+        (cpu_guardrail, {("cpu-on-loop", "guardrail")}),
         (blocking, {("blocking-call-on-loop", "embed")}),
         (guardrail_first, {("sequential-independent", "guardrail")}),
         (locked_model, {("serialized-model-calls", "model")}),
         (one_at_a_time_server, {("serialized-model-calls", "model")}),
         (stall_from_model_server, {("stream-stall", "model")}),
-        # The cause (tokenize on the loop, another route) is a finding too.
-        (stall_from_other_route, {("stream-stall", "tokenize"), ("cpu-on-loop", "tokenize")}),
-        (stall_from_own_chunks, {("stream-stall", "serialize"), ("cpu-on-loop", "serialize")}),
+        # The stalls are a symptom of their cause (tokenize on the loop, another route; the
+        # streams' own serializer): folded into its cpu-on-loop finding.
+        (stall_from_other_route, {("cpu-on-loop", "tokenize")}),
+        (stall_from_own_chunks, {("cpu-on-loop", "serialize")}),
     ],
 )
 def test_each_rule_fires_on_its_symptom_and_not_on_others(trace, expected) -> None:  # type: ignore[no-untyped-def]
@@ -356,14 +359,27 @@ def test_serialized_model_calls_fix_depends_on_where_they_waited() -> None:
 
 
 def test_stream_stall_names_what_held_the_loop() -> None:
-    other = _one(stall_from_other_route(), "stream-stall")
+    # Alone (the cause's route left out), the stall names the culprit and proposes its fix.
+    other = _one(stall_from_other_route(), "stream-stall", route=CHAT)
     assert other.route == CHAT and other.stage == "tokenize"
     assert f"{EMBED}'s tokenize" in other.evidence and "encode_batch" in other.fix_code
     server = _one(stall_from_model_server(), "stream-stall")
     assert "--enable-chunked-prefill" in server.fix_code
     assert server.projection is None and server.projection_note
-    own = _one(stall_from_own_chunks(), "stream-stall")
-    assert own.stage == "serialize" and "per chunk" in own.evidence
+    # The model's own pace is the streams' mean gap: its 16-24 ms decode interval plus its
+    # own 300 ms pauses (about 3 in each 40-chunk stream), far below the stalls' p95.
+    pace = float(re.search(r"against the model's own (\d+) ms", server.evidence)[1])  # type: ignore[index]
+    assert 16 + 2 * 300 / 39 <= pace <= 24 + 5 * 300 / 39
+    own = _one(stall_from_own_chunks(), "cpu-on-loop")
+    assert own.stage == "serialize" and own.explains == ["stream-stall"]
+    assert "streams stall" in own.evidence and "per chunk" in own.evidence
+
+
+def test_a_stall_caused_by_another_routes_stage_is_folded_into_that_finding() -> None:
+    [cause] = run_rules(stall_from_other_route(), _ctx())
+    assert (cause.rule, cause.route, cause.stage) == ("cpu-on-loop", EMBED, "tokenize")
+    assert cause.explains == ["stream-stall"] and cause.to_dict()["explains"] == ["stream-stall"]
+    assert f"this is also why {CHAT}'s streams stall" in cause.evidence
 
 
 def test_route_filter_limits_findings_not_the_replay() -> None:
@@ -423,6 +439,7 @@ def test_finding_round_trips_through_its_dict() -> None:
         "fix",
         "projection",
         "projection_note",
+        "explains",
     }
     assert set(data["fix"]) == {"title", "code"}
     again = Finding.from_dict(data)
@@ -464,7 +481,16 @@ def test_tokenizers_encode_holds_the_gil_and_encode_batch_releases_it() -> None:
 
 
 def test_cpu_bound_guardrail_says_overlap_needs_it_off_the_loop() -> None:
-    cpu_bound = next(f for f in run_rules(cpu_guardrail(), _ctx()) if f.rule == "sequential-independent")
+    from tracekit.analysis.rules.sequential_independent import SequentialIndependent
+
+    alone = SequentialIndependent()(cpu_guardrail(), _ctx())  # without the cause's finding
+    [cpu_bound] = [f for f in alone if f.stage == "guardrail"]
     assert "CPU-bound on the event loop" in cpu_bound.evidence and "cpu-on-loop" in cpu_bound.evidence
+    assert not cpu_bound.evidence.startswith("the input guardrail guardrail")
+    # With it: one finding, the overlap folded in as the step after the move off the loop.
+    cause = _one(cpu_guardrail(), "cpu-on-loop")
+    assert cause.explains == ["sequential-independent"]
+    assert "it also runs before the model call" in cause.evidence
     waiting = _one(guardrail_first(), "sequential-independent")  # an I/O guardrail: overlap helps
-    assert "CPU-bound" not in waiting.evidence
+    assert "CPU-bound" not in waiting.evidence and waiting.explains == []
+    assert waiting.evidence.startswith("the input guardrail (")

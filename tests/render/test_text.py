@@ -92,6 +92,37 @@ def test_stage_names_wider_than_their_column_are_shown_whole() -> None:
     assert not [line for line in lines if "…" in line and "fastapi" in line]
 
 
+def test_long_names_locations_and_code_wrap_instead_of_being_cut() -> None:
+    d = report_dict()
+    long_name = "gateway.handlers.chat.completions.streaming_response_assembly_stage"
+    where = "app/very/deeply/nested/package/module_with_a_long_name.py:1234 in <genexpr>"
+    d["routes"][0]["stages"][0].update(stage=long_name, blocked_at=where)
+    d["findings"][0]["fix"]["code"] = "    x = 1  # " + "a comment that is much wider than forty columns " * 2
+    for width in (40, 60):
+        lines = render_text(d, width=width, color=False, unicode=True).splitlines()
+        assert all(len(line) <= width for line in lines) and not any("…" in line for line in lines[1:])
+        joined = "".join(line.strip() for line in lines)
+        assert long_name in joined and f"blocked at {where}".replace(" ", "") in joined.replace(" ", "")
+        code = [line.strip() for line in lines if "forty" in line or "comment" in line]
+        assert code[0].startswith("x = 1  #") and all(c.startswith("#") for c in code[1:])
+
+
+def test_routes_without_stages_and_next_to_no_time_are_listed_in_one_line() -> None:
+    d = report_dict()
+    probe = {"route": "GET /docs", "requests": 1, "errors": 0, "throughput_rps": 500.0,
+             "latency_ms": {"p50": 2.0, "p95": 2.0}, "breakdown_ms": {"cpu_on_loop": 0.0},
+             "stages": []}  # fmt: skip
+    d["routes"].append(probe)
+    text = render_text(d, width=100, color=False, unicode=True)
+    assert "\nGET /docs\n" not in text and "no stages" in text and "GET /docs (1 request" in text
+    # Alone, or busy enough to matter, it is a route like any other.
+    alone = render_text(report_dict(routes=[probe]), width=100, color=False, unicode=True)
+    assert "\nGET /docs\n" in alone
+    busy = {**probe, "requests": 100_000}
+    text = render_text(report_dict(routes=[d["routes"][0], busy]), width=100, color=False)
+    assert "\nGET /docs\n" in text
+
+
 def test_a_missing_projection_says_why() -> None:
     d = report_dict()
     d["findings"][0].update(projection=None, projection_note="the replay could not reproduce it")

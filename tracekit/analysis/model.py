@@ -104,6 +104,12 @@ class StageRecord(Struct, array_like=True):
     #: (ready_ns, resumed_ns) absolute, from ``tracekit.loop_waits_us`` (waits >= 1 ms).
     loop_waits: list[tuple[int, int]] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: What the stage wraps (``tracekit.stage.shape``: one of ``semconv.STAGE_SHAPES``), or
+    #: ``None`` (a plain span, or a trace older than the attribute).
+    shape: str | None = None
+    #: The library frames the watchdog caught running inside ``blocked_at`` (innermost
+    #: first, one per line, paths shortened): what the blocking or CPU-bound call was.
+    blocked_frames: str | None = None
 
 
 class RequestRecord(Struct, array_like=True):
@@ -144,6 +150,8 @@ class RequestRecord(Struct, array_like=True):
     loop_waits: list[tuple[int, int]] = field(default_factory=list)
     stages: list[StageRecord] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
+    #: As :attr:`StageRecord.blocked_frames`, for the request's own code.
+    blocked_frames: str | None = None
 
     @property
     def wall_ms(self) -> float:

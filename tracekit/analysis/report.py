@@ -209,7 +209,7 @@ def _rules_and_validation(
         route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops
     )
     validation: dict[str, Any] = replayer.validate(sample).to_dict()
-    found = [f for f in run_rules(sample, ctx) if only is None or f.route in only]
+    found = run_rules(sample, ctx, routes=only)
     return found, validation
 
 

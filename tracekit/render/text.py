@@ -165,6 +165,31 @@ def render_text(
     return r.render(data)
 
 
+#: A route with no stages whose requests take under this share of all requests' time is
+#: listed in one line, not as a section: a readiness probe or a docs page has nothing on its
+#: request path to fix, and fixing it could save under 1% of the service's request time.
+MINOR_SHARE = 0.01
+
+
+def minor_routes(routes: list[Mapping[str, Any]]) -> set[int]:
+    """The ``id()`` of each route listed in one line rather than as a section.
+
+    Args:
+        routes: the report's routes.
+
+    Returns:
+        Routes without stages whose requests x p50 latency is under :data:`MINOR_SHARE` of
+        the sum over all routes (never every route: with nothing else, they are shown).
+    """
+    def time(r: Mapping[str, Any]) -> float:
+        p50: Any = (r.get("latency_ms") or {}).get("p50")
+        return _int(r.get("requests")) * (float(p50) if _is_number(p50) else 0.0)
+
+    total = sum(time(r) for r in routes)
+    minor = {id(r) for r in routes if not r.get("stages") and time(r) < MINOR_SHARE * total}
+    return minor if len(minor) < len(routes) else set()
+
+
 def fmt_ms(value: Any) -> str:
     """A duration in ms with 3 significant digits (``-`` when unknown)."""
     if not _is_number(value):
@@ -185,9 +210,13 @@ class _Renderer:
 
     def render(self, d: Mapping[str, Any]) -> str:
         self._header(d)
-        for route in d.get("routes") or []:
-            self._route(route)
-        self._loop(d.get("loop"))
+        routes = [r for r in d.get("routes") or [] if isinstance(r, Mapping)]
+        minor = minor_routes(routes)
+        for route in routes:
+            if id(route) not in minor:
+                self._route(route)
+        self._minor_routes([r for r in routes if id(r) in minor])
+        self._loop(d.get("loop"), {str(r.get("route")) for r in routes if id(r) in minor})
         self._findings(d.get("findings") or [], bool(d.get("requests")))
         return "\n".join(line.rstrip() for line in self.lines) + "\n"
 
@@ -204,18 +233,35 @@ class _Renderer:
         end = self.p.reset if tone else ""
         self.lines.extend(f"{pad}{tone}{line}{end}" for line in lines or [""])
 
+    def _name(self, text: str, indent: int, tone: str = "") -> None:
+        # A name or a location, whole: wrapped at the width (a long path breaks anywhere,
+        # continued under it), never cut.
+        self._wrap(" ".join(text.split()), indent, tone, hang=2)
+
+    def _code(self, line: str) -> None:
+        # A code line wider than the width continues on the next line, 4 columns further
+        # in (a comment's continuation stays a comment): nothing of the fix is cut.
+        line = "".join(c if c.isprintable() else " " for c in line.expandtabs(4)).rstrip()
+        limit = self.width - 6
+        if len(line) <= limit:
+            self._add(f"      {self.p.cyan}{line}{self.p.reset}")
+            return
+        indent = len(line) - len(line.lstrip())
+        hang = " " * (indent + 4)
+        parts = textwrap.wrap(line, limit, subsequent_indent=hang, break_on_hyphens=False)
+        comment = line.find("#")  # a comment (or a "#" in a string: then one more is harmless)
+        if 0 <= comment < len(parts[0]):
+            # The break falls inside the comment: its continuation stays a comment.
+            parts = textwrap.wrap(line, limit, subsequent_indent=hang + "# ",
+                                  break_on_hyphens=False)  # fmt: skip
+        for part in parts:
+            self._add(f"      {self.p.cyan}{part}{self.p.reset}")
+
     def _cut(self, text: str, limit: int) -> str:
         text = " ".join(text.split())  # trace text may hold newlines and tabs
         if len(text) <= limit:
             return text
         return text[: max(limit - 1, 1)] + ("…" if self.g is UNICODE else "~")
-
-    def _cut_code(self, line: str, limit: int) -> str:
-        # Code keeps its indentation; only tabs and stray control characters are replaced.
-        line = "".join(c if c.isprintable() else " " for c in line.expandtabs(4)).rstrip()
-        if len(line) <= limit:
-            return line
-        return line[: max(limit - 1, 1)] + ("…" if self.g is UNICODE else "~")
 
     # --- sections -----------------------------------------------------------------------------
     def _header(self, d: Mapping[str, Any]) -> None:
@@ -256,7 +302,7 @@ class _Renderer:
     def _route(self, r: Mapping[str, Any]) -> None:
         p, g = self.p, self.g
         self._add()
-        self._add(f"{p.bold}{p.cyan}{self._cut(str(r.get('route')), self.width)}{p.reset}")
+        self._name(str(r.get("route")), 0, p.bold + p.cyan)
         errors = _int(r.get("errors"))
         err = f"{p.red}{_count(errors, 'error')}{p.reset}" if errors else "0 errors"
         self._add(
@@ -317,21 +363,34 @@ class _Renderer:
             cells = "".join(f" {get(stage):>{w}}" for _, w, get in columns)
             name = str(stage.get("stage"))
             if len(name) > name_w:
-                # A name wider than its column gets a line of its own, whole (cut at the width
-                # only): names sharing a prefix (fastapi.endpoint, fastapi.serialization) stay
-                # apart, and no column is dropped for them.
-                self._add(f"    {self._cut(name, self.width - 4)}")
+                # A name wider than its column gets lines of its own, whole (wrapped at the
+                # width): names sharing a prefix (fastapi.endpoint, fastapi.serialization)
+                # stay apart, and no column is dropped for them.
+                self._name(name, 4)
                 name = ""
             self._add(f"    {name:<{name_w}} {self._cut(str(stage.get('kind')), 9):<9}{cells}")
-            where = [str(stage["function"])] if stage.get("function") else []
+            if stage.get("function"):
+                self._name(str(stage["function"]), 6, self.p.dim)
             if stage.get("blocked_at"):
-                where.append(f"blocked at {stage['blocked_at']}")
-            if where:
-                self._add(
-                    f"      {self.p.dim}{self._cut(' '.join(where), self.width - 6)}{self.p.reset}"
-                )
+                self._name(f"blocked at {stage['blocked_at']}", 6, self.p.dim)
 
-    def _loop(self, loop: Any) -> None:
+    def _minor_routes(self, minor: list[Mapping[str, Any]]) -> None:
+        if not minor:
+            return
+        g = self.g
+        listed = ", ".join(
+            f"{r.get('route')} ({_count(_int(r.get('requests')), 'request')}, p50 "
+            f"{fmt_ms((r.get('latency_ms') or {}).get('p50'))} ms)"
+            for r in minor
+        )
+        self._add()
+        self._wrap(
+            f"Also seen {g.dot} no stages, under {MINOR_SHARE:.0%} of the request time "
+            f"(probes, docs): {listed}",
+            0, self.p.dim, hang=2,
+        )  # fmt: skip
+
+    def _loop(self, loop: Any, minor: set[str] | None = None) -> None:
         # The loop view: per event loop, busy share, its CPU split, GC and lag; each route's
         # share of its loop's CPU. Absent (null) for traces without tracekit.loop windows.
         if not isinstance(loop, Mapping):
@@ -372,7 +431,8 @@ class _Renderer:
             self._wrap(f"most tasks {_int(tasks) if _is_number(tasks) else '-'} {g.dot} most in "
                        f"flight {_int(inflight) if _is_number(inflight) else '-'}", 2)  # fmt: skip
             for route in loop.get("routes") or []:
-                if isinstance(route, Mapping) and route.get("service") == one.get("service"):
+                if isinstance(route, Mapping) and route.get("service") == one.get("service") \
+                        and str(route.get("route")) not in (minor or ()):  # fmt: skip
                     self._wrap(f"{self._cut(str(route.get('route')), self.width // 2)}: "
                                f"{_pct0(route.get('loop_cpu_share'))} of the loop's CPU "
                                f"({fmt_ms(route.get('cpu_on_loop_ms'))} ms)", 2, hang=4)
@@ -411,7 +471,7 @@ class _Renderer:
         if isinstance(fix, Mapping):
             self._wrap(f"fix: {fix.get('title', '')}", 4, hang=5)
             for line in str(fix.get("code") or "").splitlines():
-                self._add(f"      {p.cyan}{self._cut_code(line, self.width - 6)}{p.reset}")
+                self._code(line)
         self._projection(f)
 
     def _projection(self, f: Mapping[str, Any]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from tracekit import semconv
+from tracekit.analysis.assembly.blocked_sites import blocked_site
 from tracekit.analysis.model import RequestRecord, Span, StageRecord
 
 # Every tracekit attribute name in semconv (they share the prefix of tracekit.stage): a
@@ -33,6 +34,7 @@ _TRACEKIT_KEYS = frozenset(
 _MAX_PAIRS = 64
 _INF = math.inf
 _KINDS: dict[Any, str] = {kind: kind for kind in semconv.STAGE_KINDS}
+_SHAPES: dict[Any, str] = {shape: shape for shape in semconv.STAGE_SHAPES}
 # Strings up to this length are shared (a prompt in an attribute is not); the table of shared
 # strings is bounded and cleared when full (sys.intern's table never shrinks).
 _SHARE_MAX_CHARS = 200
@@ -50,8 +52,8 @@ _FOREIGN_KINDS: dict[str, str] = {semconv.FASTAPI_SERIALIZATION: semconv.KIND_SE
 #: Attributes whose values assembly decodes into record fields (see :func:`compact`).
 DECODED_KEYS = frozenset(
     {
-        semconv.STAGE, semconv.STAGE_KIND, semconv.WALL_MS, semconv.CPU_MS, semconv.WAIT_MS,
-        semconv.LOOP_WAIT_MS, semconv.CHILDREN_MS, semconv.MAX_BLOCK_MS, semconv.ON_LOOP,
+        semconv.STAGE, semconv.STAGE_KIND, semconv.STAGE_SHAPE, semconv.WALL_MS, semconv.CPU_MS,
+        semconv.WAIT_MS, semconv.LOOP_WAIT_MS, semconv.CHILDREN_MS, semconv.MAX_BLOCK_MS, semconv.ON_LOOP,
         semconv.BLOCKED_AT, semconv.CODE_FUNCTION, semconv.CODE_NAMESPACE,
         semconv.LOOP_SLICES_US, semconv.LOOP_WAITS_US, semconv.MODEL_WAIT_MS,
         semconv.IO_WAIT_MS, semconv.OVERHEAD_MS, semconv.TTFB_MS, semconv.TTFT_MS,
@@ -169,7 +171,7 @@ def stage_record(span: Span) -> StageRecord:
     # Hot path (one call per stage span): every value in one C-level pass over the keys,
     # the common well-formed float taken inline, anything else through the helpers.
     kind, wall, cpu, wait, loop_wait, children, max_block, on_loop, slices, waits, blocked_at, \
-        function, namespace = map(get, _STAGE_KEYS)  # fmt: skip
+        function, namespace, shape = map(get, _STAGE_KEYS)  # fmt: skip
     # The semconv constant itself, so that every record shares one string object.
     kind = (
         (_KINDS.get(kind) if type(kind) is str else None) or _KINDS.get(name) or semconv.KIND_OTHER
@@ -190,8 +192,9 @@ def stage_record(span: Span) -> StageRecord:
         on_loop = _flag(on_loop)
     slices = decode_pairs(slices, start) if slices is not None else []
     waits = decode_pairs(waits, start) if waits is not None else []
-    if blocked_at is not None:
-        blocked_at = _text(blocked_at)
+    frames = None
+    if blocked_at is not None or span.events:
+        blocked_at, frames = _blocked(blocked_at, span)
     if type(function) is str and function:
         function = shared(function) or share(function)
     else:
@@ -204,7 +207,7 @@ def stage_record(span: Span) -> StageRecord:
         name, kind, span.span_id, span.parent_id, start, end_ns, span.kind,
         (end_ns - start) / 1e6 if wall is None else wall,
         cpu, wait, loop_wait, children, max_block, on_loop, blocked_at, function, namespace,
-        slices, waits, a,
+        slices, waits, a, _SHAPES.get(shape) if type(shape) is str else None, frames,
     )  # fmt: skip
 
 
@@ -212,7 +215,17 @@ _STAGE_KEYS = (
     semconv.STAGE_KIND, semconv.WALL_MS, semconv.CPU_MS, semconv.WAIT_MS, semconv.LOOP_WAIT_MS,
     semconv.CHILDREN_MS, semconv.MAX_BLOCK_MS, semconv.ON_LOOP, semconv.LOOP_SLICES_US,
     semconv.LOOP_WAITS_US, semconv.BLOCKED_AT, semconv.CODE_FUNCTION, semconv.CODE_NAMESPACE,
+    semconv.STAGE_SHAPE,
 )  # fmt: skip
+
+
+def _blocked(value: Any, span: Span) -> tuple[str | None, str | None]:
+    # The location (not an import on the first request) and the library frames inside it.
+    where, frames = blocked_site(_text(value), span.events)
+    return (
+        (shared(where) or share(where)) if where else None,
+        (shared(frames) or share(frames)) if frames else None,
+    )
 
 
 def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
@@ -238,6 +251,8 @@ def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
     v = get(semconv.LOOP_WAITS_US)
     waits = decode_pairs(v, start) if v is not None else []
     route = route_of(span)
+    blocked_at, frames = _blocked(get(semconv.BLOCKED_AT), span) if span.events or \
+        semconv.BLOCKED_AT in a else (None, None)  # fmt: skip
     # The durations: the well-formed float inline (as in stage_record), the rest via _ms.
     ms = [
         v if type(v) is float and 0.0 <= v < _INF else ms_value(v)
@@ -247,10 +262,10 @@ def request_record(span: Span, stages: list[StageRecord]) -> RequestRecord:
         span.trace_id, span.span_id, span.service, shared(route) or share(route),
         start, span.end_ns if span.end_ns > start else start,
         status, span.error or (status is not None and status >= 500), instrumented,
-        ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], _text(get(semconv.BLOCKED_AT)),
+        ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], blocked_at,
         ms[6], ms[7], ms[8], ms[9], ms[10], ms[11],
         _count(get(semconv.CHUNKS)), _count(get(semconv.INFLIGHT)),
-        slices, waits, stages, a,
+        slices, waits, stages, a, frames,
     )  # fmt: skip
 
 
@@ -301,6 +316,10 @@ def reshare(req: RequestRecord) -> RequestRecord:
             stage.code_namespace = share(stage.code_namespace)
         if stage.blocked_at is not None:
             stage.blocked_at = share(stage.blocked_at)
+        if stage.blocked_frames is not None:
+            stage.blocked_frames = share(stage.blocked_frames)
+        if stage.shape is not None:
+            stage.shape = share(stage.shape)
         if stage.attributes:
             stage.attributes = _kept(stage.attributes)
     return req

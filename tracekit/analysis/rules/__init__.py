@@ -18,6 +18,7 @@ from tracekit.analysis.rules.background_on_loop import BackgroundOnLoop
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
 from tracekit.analysis.rules.findings import Finding, RuleContext, finding_order
+from tracekit.analysis.rules.folding import fold_symptoms
 from tracekit.analysis.rules.gc_pauses import GcPauses
 from tracekit.analysis.rules.loop_saturated import LoopSaturated
 from tracekit.analysis.rules.sequential_independent import SequentialIndependent
@@ -52,6 +53,7 @@ def run_rules(
     requests: Sequence[RequestRecord],
     ctx: RuleContext | None = None,
     rules: Sequence[Rule] | None = None,
+    routes: Sequence[str] | None = None,
 ) -> list[Finding]:
     """Run ``rules`` (default :data:`DEFAULT_RULES`) on ``requests``.
 
@@ -60,12 +62,20 @@ def run_rules(
         ctx: the context (default: a :class:`RuleContext` projecting with a default
             :class:`~tracekit.analysis.replay.Replayer`).
         rules: the rules to run.
+        routes: keep only the findings on these routes (``None``: all). They are kept
+            before symptoms are folded, so that a symptom whose cause is on a route left
+            out stays a finding.
 
     Returns:
-        All findings, most severe first, then by impact.
+        One finding per root cause (symptoms folded into their cause's finding:
+        :func:`~tracekit.analysis.rules.folding.fold_symptoms`), most severe first, then
+        by impact.
     """
     ctx = ctx or RuleContext(project=Replayer().project)
     found = [f for rule in (rules or DEFAULT_RULES) for f in rule(requests, ctx)]
+    if routes is not None:
+        found = [f for f in found if f.route in routes]
+    found = fold_symptoms(found)
     found.sort(key=finding_order)
     return found
 

@@ -14,8 +14,10 @@ equivalent, or runs it in a worker thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tracekit._percentile import percentile
+from tracekit.analysis.assembly.blocked_sites import is_import_site
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
@@ -24,12 +26,15 @@ from tracekit.analysis.rules.common import (
     LoopUsageRule,
     Usage,
     finding,
-    function_or,
     ms,
     name_of,
     victim_note,
 )
 from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.rules.stage_code import StageCode
+
+#: Why an import on the first request has no projection: it happens once per process.
+IMPORT_NOTE = "a module import on the first request happens once per process: not replayed"
 
 
 class BlockingCallOnLoop(LoopUsageRule):
@@ -73,10 +78,13 @@ class BlockingCallOnLoop(LoopUsageRule):
     ) -> Finding | None:
         if not self.fires(uses):
             return None
-        blocked_at = next((u.blocked_at for u in uses if u.blocked_at), None)
-        function = function_or(next((u for u in uses if u.stage is not None), None))
+        code = StageCode.of(name, (u.stage for u in uses))
+        if code.blocked_at is None:  # the request's own code: its catches are on the request
+            code = replace(code, blocked_at=next((u.blocked_at for u in uses if u.blocked_at), None))
+        blocked_at = code.blocked_at
         blame = index.blame_ms_per_request(service, route, name)
         victim = index.main_victim(service, route, name)
+        one_off = is_import_site(blocked_at)
         at = f" (blocked in {blocked_at})" if blocked_at else ""
         evidence = (
             f"{name_of(name)} held the event loop {ms(percentile([u.held_ms for u in uses], 0.5))} "
@@ -90,12 +98,13 @@ class BlockingCallOnLoop(LoopUsageRule):
             rule=self.id,
             route=route,
             stage=name,
-            function=function,
+            function=code.function,
             impact_ms=blame,
             route_p50_ms=p50,
             evidence=evidence,
-            fix=fixes.unblock(name, function, blocked_at),
+            fix=fixes.unblock(code),
             requests=requests,
             ctx=ctx,
-            model=Fix("thread", route, name, report_route=victim),
+            model=None if one_off else Fix("thread", route, name, report_route=victim),
+            no_model_note=IMPORT_NOTE if one_off else None,
         )

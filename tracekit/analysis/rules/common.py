@@ -3,6 +3,7 @@ when (:mod:`tracekit.analysis.rules.loop_index`), and assembling a finding."""
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -12,7 +13,6 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
 from tracekit.analysis.rules.loop_index import OWN, LoopIndex, Usage, loop_usage
-from tracekit.analysis.stats.intervals import function_of
 
 __all__ = [
     "OWN",
@@ -21,10 +21,10 @@ __all__ = [
     "Usage",
     "by_route",
     "finding",
-    "function_or",
     "loop_usage",
     "ms",
     "name_of",
+    "named",
     "p50_latency",
     "usages_by_route",
     "victim_note",
@@ -124,6 +124,8 @@ def finding(
     ctx: RuleContext,
     model: Fix | None,
     no_model_note: str | None = None,
+    caused_by: tuple[tuple[str, str, str | None], ...] = (),
+    folded: str | None = None,
 ) -> Finding:
     """Assemble a finding: project ``model`` through ``ctx.project`` and set the severity.
 
@@ -136,6 +138,8 @@ def finding(
         ctx: the rule context.
         model: the :class:`Fix` that models the proposed code, or ``None``.
         no_model_note: the note when there is no model of the fix.
+        caused_by / folded: when the finding is a symptom, the findings that would be its
+            cause and the clause their evidence gains (``rules/folding.py``).
 
     Returns:
         The finding; its impact is the larger of the measured one and the projected p50 gain.
@@ -159,6 +163,8 @@ def finding(
         fix_code=fix[1],
         projection=projection,
         projection_note=None if projection is not None else note,
+        caused_by=caused_by,
+        folded=folded,
     )
 
 
@@ -167,6 +173,20 @@ def name_of(stage: str | None) -> str:
     return stage if stage is not None else "the request handler's own code"
 
 
-def function_or(usage: Usage | None, fallback: str | None = None) -> str | None:
-    """The function of a usage's stage, else ``fallback``."""
-    return function_of(usage.stage) if usage is not None and usage.stage else fallback
+def named(role: str, stage: str) -> str:
+    """A stage in a role, without saying the name twice: ``named("input guardrail",
+    "guardrail")`` is "the input guardrail", ``named("input guardrail", "pii_check")`` "the
+    input guardrail pii_check", ``named("input guardrail", "safety_guardrail")``
+    "safety_guardrail (the input guardrail)".
+
+    Args:
+        role: what the stage is here, in words ("input guardrail", "model call").
+        stage: the stage name.
+    """
+    words = set(role.lower().split())
+    said = set(re.split(r"[\W_]+", stage.lower())) - {""}
+    if said and said <= words:
+        return f"the {role}"
+    if said & words:
+        return f"{stage} (the {role})"
+    return f"the {role} {stage}"

@@ -5,9 +5,8 @@ Detects, per route and stage (and the request's own code), on-loop CPU that is l
 ``min_slice_ms``) or measurably delaying others: thousands of 0.1 ms slices delay nobody
 long. The slices may also hold the loop off-CPU (a host short of CPU stretches them; a
 blocking call inside the stage adds to them): the CPU alone decides this rule. The fix
-depends on the stage kind: a worker thread running the GIL-free ``encode_batch`` for
-``tokenize``, ``orjson`` for ``serialize``, a process pool (or less work) for pure-Python
-CPU anywhere else, since a thread would still hold the GIL.
+depends on what the CPU is and on the stage's shape (:func:`fix_for_cpu`,
+:mod:`tracekit.analysis.rules.stage_code`): code where it applies, words where it does not.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
@@ -25,32 +23,65 @@ from tracekit.analysis.rules.common import (
     LoopUsageRule,
     Usage,
     finding,
-    function_or,
     ms,
     name_of,
     victim_note,
 )
 from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.rules.stage_code import (
+    GIL_FREE,
+    JSON_DECODE,
+    JSON_ENCODE,
+    TOKENIZERS,
+    StageCode,
+    cpu_of,
+)
+
+#: Why an (async) generator's CPU has no projection: its fix is words, not a replay action.
+GENERATOR_NOTE = (
+    "no mechanical fix to replay: a generator's per-item CPU stays on the loop until the "
+    "code does less per item"
+)
+#: Why a faster JSON parser has no projection: only the encoder's speed-up is measured.
+PARSER_NOTE = (
+    "orjson.loads' speed-up over json.loads on this stage's payloads is not measured "
+    "(the calibration measures encoding), so there is no projection"
+)
 
 
-def fix_for_cpu(
-    route: str, stage: str | None, kind: str | None, function: str | None
-) -> tuple[tuple[str, str], Fix]:
-    """The fix (title, code) for on-loop CPU in ``stage``, and the :class:`Fix` modelling it.
+def fix_for_cpu(route: str, code: StageCode) -> tuple[tuple[str, str], Fix | None, str | None]:
+    """The fix (title, code) for on-loop CPU in a stage, the :class:`Fix` modelling it, and
+    the note when there is none.
+
+    The fix fits what the CPU is (:func:`~tracekit.analysis.rules.stage_code.cpu_of`) and the
+    stage's shape: HF tokenizers -> ``encode_batch`` in a thread; JSON -> orjson; a
+    generator -> less work per item (words: no pool can take it); a GIL-releasing library
+    in a sync function -> a thread; Python CPU in a module-level sync function -> a process
+    pool; anything else (a coroutine, a method, a closure, a block, an unknown shape) ->
+    words saying what to move where. The model is kept only where it is what the fix does.
 
     Args:
         route: the route.
-        stage: the stage name (``None``: the request's own code).
-        kind: the stage kind.
-        function: the stage's function.
+        code: the stage's code (:meth:`StageCode.of`).
     """
-    if stage is not None and kind == semconv.KIND_TOKENIZE:
-        return fixes.tokenize_off_loop(stage, function), Fix("thread", route, stage, gil_free=True)
-    if stage is not None and kind == semconv.KIND_SERIALIZE:
-        return fixes.faster_serializer(stage, function), Fix(
-            "shrink", route, stage, factor=1.0 / fixes.ORJSON_SPEEDUP
-        )
-    return fixes.process_pool(stage, function, route), Fix("process", route, stage)
+    stage = code.stage
+    what, why = cpu_of(code)
+    if stage is not None and what == TOKENIZERS:
+        return fixes.tokenize_off_loop(code, why), Fix("thread", route, stage, gil_free=True), None
+    if stage is not None and what == JSON_ENCODE:
+        model = Fix("shrink", route, stage, factor=1.0 / fixes.ORJSON_SPEEDUP)
+        return fixes.faster_serializer(code, why), model, None
+    if what == JSON_DECODE:
+        return fixes.faster_parser(code, why), None, PARSER_NOTE
+    if code.is_generator:
+        return fixes.less_per_item(code, why), None, GENERATOR_NOTE
+    if stage is not None and code.callable_shape:
+        if what == GIL_FREE:
+            return fixes.thread_pool(code, why), Fix("thread", route, stage, gil_free=True), None
+        if code.module_level:
+            return fixes.process_pool(code, why), Fix("process", route, stage), None
+    model = Fix("thread", route, stage, gil_free=True) if what == GIL_FREE else Fix("process", route, stage)
+    return fixes.move_cpu_in_words(code, what, why), model, None
 
 
 class CpuOnLoop(LoopUsageRule):
@@ -109,10 +140,8 @@ class CpuOnLoop(LoopUsageRule):
         cpu95 = percentile(cpu, 0.95)
         blame = index.blame_ms_per_request(service, route, name)
         per_second = index.blame_ms_per_second(service, route, name)
-        first = next((u for u in uses if u.stage is not None), None)
-        kind = first.stage.kind if first is not None and first.stage is not None else None
-        function = function_or(first)
-        fix, model = fix_for_cpu(route, name, kind, function)
+        code = StageCode.of(name, (u.stage for u in uses))
+        fix, model, note = fix_for_cpu(route, code)
         victim = index.main_victim(service, route, name)
         evidence = (
             f"{name_of(name)} ran {ms(percentile(cpu, 0.5))} of CPU on the event loop per "
@@ -120,17 +149,17 @@ class CpuOnLoop(LoopUsageRule):
             f"other requests waited {ms(per_second)} per second for the loop while it ran "
             f"({ms(blame)} per request){victim_note(victim, route)}"
         )
-        model = replace(model, report_route=victim)
         return finding(
             rule=self.id,
             route=route,
             stage=name,
-            function=function,
+            function=code.function,
             impact_ms=blame,
             route_p50_ms=p50,
             evidence=evidence,
             fix=fix,
             requests=requests,
             ctx=ctx,
-            model=model,
+            model=replace(model, report_route=victim) if model is not None else None,
+            no_model_note=note,
         )

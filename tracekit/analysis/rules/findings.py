@@ -180,6 +180,9 @@ class Finding:
             "range": {...}, "model": {...}}`` from the replay (``docs/analyzer.md``), or
             ``None``.
         projection_note: why there is no projection (``None`` when there is one).
+        explains: rule ids of the symptoms this finding's cause also explains (folded in).
+        caused_by: (rule, route, stage) of the findings that would explain this one.
+        folded: the clause a cause's evidence gains when this finding is folded into it.
     """
 
     rule: str
@@ -193,6 +196,12 @@ class Finding:
     fix_code: str
     projection: dict[str, Any] | None = None
     projection_note: str | None = None
+    #: Symptom folding (``rules/folding.py``): the rule ids of the symptoms folded into this
+    #: finding (reported); the findings that would explain this one, most likely first, as
+    #: (rule, route, stage), and the clause their evidence gains (not reported).
+    explains: list[str] = field(default_factory=list)
+    caused_by: tuple[tuple[str, str, str | None], ...] = ()
+    folded: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report contract's ``findings[]`` item (``fix`` as ``{"title", "code"}``)."""
@@ -207,6 +216,7 @@ class Finding:
             "fix": {"title": self.fix_title, "code": self.fix_code},
             "projection": self.projection,
             "projection_note": self.projection_note,
+            "explains": list(self.explains),
         }
 
     @classmethod
@@ -240,6 +250,7 @@ class Finding:
             fix_code=str(fix.get("code", "")),
             projection=dict(projection) if isinstance(projection, Mapping) else None,
             projection_note=_opt_str(data.get("projection_note")),
+            explains=[str(r) for r in data.get("explains") or [] if isinstance(r, str)],
         )
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 import re
 
+from tracekit import semconv
+from tracekit.analysis.assembly.blocked_sites import IMPORT_PREFIX, is_import_site
+from tracekit.analysis.rules.stage_code import GIL_FREE, StageCode
+
 #: ``json.dumps(payload).encode()`` time over ``orjson.dumps(payload)`` time on an OpenAI-style
 #: ``chat.completion`` response of ~2.6 kB. The ``serialize`` fix names it, and its model
 #: divides the stage's CPU by it (assuming that CPU is JSON encoding). Measured: see
@@ -37,14 +41,34 @@ def _ident(function: str | None, fallback: str) -> str:
     return name
 
 
-def tokenize_off_loop(stage: str, function: str | None) -> tuple[str, str]:
-    """HF tokenizers: ``encode_batch`` in a worker thread (it releases the GIL)."""
-    fn = _ident(function, stage)
+def _callers(code: StageCode) -> str:
+    # A sync function that becomes a coroutine: its callers must await it now.
+    if code.shape == semconv.SHAPE_FUNCTION or code.shape is None:
+        return f"\n# callers now await it: `await {_ident(code.qualname, code.stage or 'work')}(...)`"
+    return ""
+
+
+def tokenize_off_loop(code: StageCode, why: str) -> tuple[str, str]:
+    """HF tokenizers: ``encode_batch`` in a worker thread (it releases the GIL).
+
+    Code for a sync function or a coroutine (the stage becomes a coroutine that awaits the
+    thread); words for a generator or a block, where only the call inside can move.
+    """
+    stage = code.stage or "tokenize"
+    where = code.function or stage
+    if code.is_generator or code.shape == semconv.SHAPE_BLOCK:
+        title = (
+            f"In {where} ({code.shape_words()}; {why}), call the tokenizer as "
+            f"`[encoding] = await asyncio.to_thread(tokenizer.encode_batch, [text])`: "
+            f"encode_batch releases the GIL, Tokenizer.encode holds it"
+        )
+        return title, ""
+    fn = _ident(code.qualname, stage)
     title = (
-        f"Run {function or stage} in a worker thread with the GIL-free encode_batch "
-        f"(Tokenizer.encode holds the GIL)"
+        f"Run {where} in a worker thread with the GIL-free encode_batch "
+        f"(Tokenizer.encode holds the GIL; {why})"
     )
-    code = f'''import asyncio
+    body = f'''import asyncio
 
 @tracekit.stage({_literal(stage)})
 async def {fn}(text: str) -> list[int]:
@@ -52,48 +76,136 @@ async def {fn}(text: str) -> list[int]:
     # encode_batch releases the GIL: beside it a pure-Python thread ran
     # {_GIL_RATIO:.0f}x faster than beside encode (measured).
     [encoding] = await asyncio.to_thread(tokenizer.encode_batch, [text])
-    return encoding.ids
-'''
-    return title, code
+    return encoding.ids'''
+    return title, body + _callers(code) + "\n"
 
 
-def process_pool(stage: str | None, function: str | None, route: str) -> tuple[str, str]:
-    """Pure-Python CPU: a process pool (threads would still hold the GIL), or less work."""
-    where = function or (stage if stage is not None else f"the {route} handler")
-    fn = _ident(function, stage or "handler_work")
-    stage_line = f'@tracekit.stage({_literal(stage)})\n' if stage is not None else ""
+def process_pool(code: StageCode, why: str) -> tuple[str, str]:
+    """Python CPU in a module-level sync function: a process pool (a thread would still hold
+    the GIL), with the function itself as the pickled callable; or less work."""
+    stage = code.stage or "work"
+    fn = _ident(code.qualname, stage)
     title = (
-        f"Move {where}'s pure-Python CPU to a process pool (a thread would still hold the "
-        f"GIL), or make it do less work"
+        f"Move {code.function or stage}'s CPU to a process pool (a thread would still hold "
+        f"the GIL; {why}), or make it do less work"
     )
-    code = f"""import asyncio
+    body = f"""import asyncio
 from concurrent.futures import ProcessPoolExecutor
 
 _pool = ProcessPoolExecutor()  # create once, at startup
 
-{stage_line}async def {fn}(*args):
+def _{fn}(*args):
+    ...  # the old body, undecorated, at module level (pickles by name)
+
+@tracekit.stage({_literal(stage)})
+async def {fn}(*args):
     loop = asyncio.get_running_loop()
-    # {fn}_sync is the old body, as a module-level function (it is pickled to the worker)
-    return await loop.run_in_executor(_pool, {fn}_sync, *args)
+    # the arguments and the result are pickled to the worker and back
+    return await loop.run_in_executor(_pool, _{fn}, *args)"""
+    return title, body + _callers(code) + "\n"
+
+
+def thread_pool(code: StageCode, why: str) -> tuple[str, str]:
+    """A sync function whose CPU releases the GIL: a worker thread is enough."""
+    stage = code.stage or "work"
+    fn = _ident(code.qualname, stage)
+    title = f"Run {code.function or stage} in a worker thread: its CPU releases the GIL ({why})"
+    body = f"""import asyncio
+
+# at each call site (was: {fn}(...) on the event loop):
+result = await asyncio.to_thread({fn}, *args)
 """
-    return title, code
+    return title, body
 
 
-def faster_serializer(stage: str, function: str | None) -> tuple[str, str]:
-    """JSON encoding: orjson (measured speed-up on a chat.completion payload)."""
-    fn = _ident(function, stage)
-    title = (
-        f"Serialize with orjson in {function or stage} "
-        f"({ORJSON_SPEEDUP:.0f}x faster than json.dumps on a chat.completion payload, measured)"
+def move_cpu_in_words(code: StageCode, what: str, why: str) -> tuple[str, str]:
+    """Where no code applies as it stands (a coroutine, a method, a closure, a block, an
+    unknown shape): what to change, in words, and no code."""
+    where = code.function or code.stage or "the request handler's own code"
+    if code.stage is None:
+        return (
+            f"The request handler's own code (outside any stage) ran the CPU ({why}): wrap "
+            f"its parts in tracekit.stage to see which, then move that part off the loop "
+            f"(a process pool for Python code, or less work)"
+        ), ""
+    target = (
+        "asyncio.to_thread(call, ...)" if what == GIL_FREE
+        else "await loop.run_in_executor(process_pool, part, ...)"
     )
-    code = f'''import orjson
+    if code.nested:
+        move = (
+            f"it is {code.shape_words()}, which a process pool cannot pickle: move its "
+            f"CPU-bound part to a module-level function of picklable arguments"
+        )
+    elif code.method:
+        move = (
+            "a process pool would pickle the instance with the method: move its CPU-bound "
+            "part to a module-level function of the data it needs (picklable)"
+        )
+    elif code.shape in (semconv.SHAPE_COROUTINE, semconv.SHAPE_BLOCK):
+        move = (
+            f"it is {code.shape_words()}, which a pool cannot run: move the CPU-bound part "
+            f"between its awaits into a module-level sync function"
+        )
+    else:
+        move = (
+            "its shape is not in the trace (recorded before tracekit.stage.shape): move the "
+            "CPU-bound part into a module-level sync function"
+        )
+    kind = "" if what == GIL_FREE else " (a thread would still hold the GIL)"
+    return (
+        f"Move {where}'s CPU off the event loop ({why}): {move}, and await it through "
+        f"{target}{kind}; or make it do less work"
+    ), ""
+
+
+def less_per_item(code: StageCode, why: str) -> tuple[str, str]:
+    """An (async) generator's CPU between the items it yields: no pool can take it."""
+    where = code.function or code.stage or "the generator"
+    return (
+        f"{where} is {code.shape_words()}: its CPU runs on the event loop between the items "
+        f"it yields ({why}), and no pool can take it (the generator and its client stay in "
+        f"this process). Do less per item: parse with orjson.loads instead of json.loads, "
+        f"forward items you do not change without parsing them, yield fewer larger chunks; "
+        f"or run more worker processes"
+    ), ""
+
+
+def faster_parser(code: StageCode, why: str) -> tuple[str, str]:
+    """JSON decoding: orjson.loads in place of json.loads (a call, whatever the shape)."""
+    where = code.function or code.stage or "the handler"
+    title = f"Parse JSON with orjson in {where} ({why})"
+    body = """import orjson
+
+# was: json.loads(data)
+value = orjson.loads(data)  # takes bytes or str; same values as json.loads
+"""
+    return title, body
+
+
+def faster_serializer(code: StageCode, why: str) -> tuple[str, str]:
+    """JSON encoding: orjson (measured speed-up on a chat.completion payload)."""
+    stage = code.stage or "serialize"
+    fn = _ident(code.qualname, stage)
+    title = (
+        f"Serialize with orjson in {code.function or stage} "
+        f"({ORJSON_SPEEDUP:.0f}x faster than json.dumps on a chat.completion payload, "
+        f"measured; {why})"
+    )
+    if not code.callable_shape:
+        return title, """import orjson
+
+# was: json.dumps(payload).encode()
+body = orjson.dumps(payload)  # or msgspec.json.encode(payload)
+"""
+    body = f'''import orjson
 
 @tracekit.stage({_literal(stage)})
 def {fn}(payload: dict) -> bytes:
     # was: json.dumps(payload).encode()
     return orjson.dumps(payload)  # or msgspec.json.encode(payload)
 '''
-    return title, code
+    return title, body
 
 
 _SLEEP = re.compile(r"\bsleep\b")
@@ -101,41 +213,69 @@ _HTTP = re.compile(r"requests|urllib|http\.client|httplib|socket|recv|ssl|connec
 _GPU = re.compile(r"synchronize|cuda|\.item\b|\.cpu\b|\.tolist\b")
 
 
-def unblock(stage: str | None, function: str | None, blocked_at: str | None) -> tuple[str, str]:
-    """A blocking call on the loop: its async equivalent, else ``asyncio.to_thread``."""
-    where = function or (stage if stage is not None else "the request handler")
-    fn = _ident(function, stage or "handler")
+def unblock(code: StageCode) -> tuple[str, str]:
+    """A blocking call on the loop: its async equivalent, else ``asyncio.to_thread``.
+
+    The call is named by the library frames the watchdog caught (``code.frames``) or the
+    location's text; the code fits the stage's shape (a sync function goes to a thread
+    whole, at its call sites; inside a coroutine or a generator only the call moves).
+    """
+    where = code.function or (code.stage if code.stage is not None else "the request handler")
+    fn = _ident(code.qualname, code.stage or "handler")
     # One line: a comment that trace text cannot end (a newline in it would add a code line).
-    caught = f"  # caught blocking at {' '.join(blocked_at.split())}" if blocked_at else ""
-    text = blocked_at or ""
+    caught = f"  # caught blocking at {' '.join(code.blocked_at.split())}" if code.blocked_at else ""
+    text = "\n".join(t for t in (code.blocked_at, code.frames) if t)
+    sync = code.shape == semconv.SHAPE_FUNCTION
+    whole = f"result = await asyncio.to_thread({fn}, *args)  # at each call site of {fn}"
+    if code.blocked_at is not None and is_import_site(code.blocked_at):
+        module = code.blocked_at.removeprefix(IMPORT_PREFIX).strip(" ()") or "importlib"
+        title = (
+            f"{where} blocked the loop importing a module on its first request ({module}): "
+            f"import it at start-up (module level or the lifespan hook), so no request pays it"
+        )
+        return title, ""
     if _SLEEP.search(text):
         title = f"Replace time.sleep in {where} with await asyncio.sleep"
-        code = f"await asyncio.sleep(delay)  # was: time.sleep(delay){caught}\n"
-    elif _HTTP.search(text):
+        if sync:
+            title = f"{where} is a sync function that sleeps: run it in a worker thread"
+            return title, f"{whole}{caught}\n# or make it a coroutine that awaits asyncio.sleep\n"
+        return title, f"await asyncio.sleep(delay)  # was: time.sleep(delay){caught}\n"
+    if _HTTP.search(text):
         title = f"Use an async HTTP client in {where} instead of a blocking one"
-        code = f"""import httpx
+        if code.is_generator:
+            return (
+                f"{title}: one shared httpx.AsyncClient, and `async with client.stream(...)` "
+                f"where {where} ({code.shape_words()}) reads the response"
+            ), ""
+        return title, f"""import httpx
 
 _client = httpx.AsyncClient(timeout=30.0)  # one per process, reused
 
 async def {fn}(url: str, payload: dict) -> dict:
     # was: requests.post(url, json=payload) on the event loop{caught}
     response = await _client.post(url, json=payload)
-    return response.json()
-"""
-    elif _GPU.search(text):
+    return response.json()""" + _callers(code) + "\n"
+    if _GPU.search(text):
         title = f"Wait for the GPU off the event loop in {where}"
-        code = (
+        if sync:
+            return title, f"{whole}{caught}\n"
+        return title, (
             "# was: torch.cuda.synchronize() (or .item()/.cpu()) on the event loop"
             + caught
             + "\nawait asyncio.to_thread(torch.cuda.synchronize)\n"
         )
-    else:
-        title = f"Run the blocking call in {where} in a worker thread (or use its async API)"
-        code = (
+    title = f"Run the blocking call in {where} in a worker thread (or use its async API)"
+    if sync:
+        return title, f"# the loop was held with little CPU: a blocking call{caught}\n{whole}\n"
+    if code.shape is None:
+        return title, (
             f"# the loop was held with little CPU: a blocking call{caught}\n"
             f"result = await asyncio.to_thread({fn}_blocking, *args)  # the old sync body\n"
         )
-    return title, code
+    return title, (
+        f"# inside {fn} ({code.shape_words()}): only the blocking call moves{caught}\n"
+        f"result = await asyncio.to_thread(blocking_call, *args)\n"
+    )
 
 
 def speculative_start(

@@ -33,7 +33,7 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import loop_fixes
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
-from tracekit.analysis.rules.common import LoopIndex, by_route, function_or, ms, name_of, p50_latency
+from tracekit.analysis.rules.common import LoopIndex, by_route, ms, name_of, p50_latency
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop, fix_for_cpu
 from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
 from tracekit.analysis.rules.loop_index import Usage, loop_usage
@@ -43,6 +43,7 @@ from tracekit.analysis.rules.loop_load import (
     queueing_projection,
     utilisation_factor,
 )
+from tracekit.analysis.rules.stage_code import StageCode
 
 #: Median window busy ratio from which the loop is saturated: at 85% busy an M/M/1 queue
 #: waits 5.7 service times per visit, and a burst leaves no headroom at all.
@@ -235,14 +236,12 @@ class LoopSaturated:
         for route, name in [k for k in ranked if k not in flagged][:MAX_CANDIDATES]:
             if cpu[(route, name)] < MIN_CANDIDATE_SHARE * total:
                 break
-            first = next((u for u in uses[(route, name)] if u.stage is not None), None)
-            kind = first.stage.kind if first is not None and first.stage is not None else None
-            function = function_or(first)
-            (fix_title, fix_code), model = fix_for_cpu(route, name, kind, function)
+            code = StageCode.of(name, (u.stage for u in uses[(route, name)]))
+            (fix_title, fix_code), model, _ = fix_for_cpu(route, code)
             projection, how = None, "replay"
-            if ctx.project is not None:
+            if ctx.project is not None and model is not None:
                 projection, _ = ctx.project(requests, replace(model, report_route=victim))
-            if projection is None:
+            if projection is None and model is not None:
                 removed = cpu[(route, name)] * _removed_share(model) / max(load.wall_ms, 1e-9)
                 projection = queueing_projection(requests, victim, utilisation_factor(rho, rho - removed))
                 how = "queueing model"

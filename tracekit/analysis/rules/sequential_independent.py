@@ -24,7 +24,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
-from tracekit.analysis.rules.common import by_route, finding, ms, p50_latency
+from tracekit.analysis.rules.common import by_route, finding, ms, named, p50_latency
 from tracekit.analysis.rules.findings import Finding, RuleContext
 from tracekit.analysis.stats.intervals import StageTree, function_of
 
@@ -132,20 +132,32 @@ class SequentialIndependent:
                 continue
             guard, model = found[0]
             g_fn, m_fn = function_of(guard), function_of(model)
+            guard_words = named("input guardrail", guard_name)
+            model_words = named("model call", model_name)
             evidence = (
-                f"the input guardrail {guard_name} "
+                f"{guard_words} "
                 f"({ms(percentile([g.wall_ms for g, _ in found], 0.5))} per request) finished "
-                f"before {model_name} "
+                f"before {model_words} "
                 f"({ms(percentile([m.wall_ms for _, m in found], 0.5))}) started in "
                 f"{len(found)} of {instrumented} requests; started together they would "
                 f"overlap by {ms(gain)} per request (p50)"
             )
+            caused_by: tuple[tuple[str, str, str | None], ...] = ()
+            folded = None
             if _cpu_bound_on_loop([g for g, _ in found]):
                 # A sync CPU-bound guardrail holds the loop: a model call started "beside" it
-                # cannot even send its request until it returns, so this needs both fixes.
+                # cannot even send its request until it returns. Its cpu-on-loop finding is
+                # the cause; this overlap is the next step once that is fixed.
                 evidence += (
                     f"; but {guard_name} is CPU-bound on the event loop, so a model call started "
                     f"beside it only overlaps once {guard_name} runs off the loop (see cpu-on-loop)"
+                )
+                caused_by = (("cpu-on-loop", route, guard_name),)
+                folded = (
+                    f"it also runs before {model_words}, which does not need its verdict to "
+                    f"start: once it runs off the loop, start the model call beside it and "
+                    f"cancel it if the input is rejected, for up to {ms(gain)} per request "
+                    f"more (sequential-independent)"
                 )
             out.append(
                 finding(
@@ -160,6 +172,8 @@ class SequentialIndependent:
                     requests=requests,
                     ctx=ctx,
                     model=Fix("gather", route, guard_name, other=model_name),
+                    caused_by=caused_by,
+                    folded=folded,
                 )
             )
         return out

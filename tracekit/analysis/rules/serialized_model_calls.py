@@ -23,13 +23,16 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
-from tracekit.analysis.rules.common import by_route, finding, ms, p50_latency
+from tracekit.analysis.rules.common import LoopIndex, by_route, finding, ms, p50_latency
 from tracekit.analysis.rules.findings import Finding, RuleContext
 from tracekit.analysis.stats.intervals import function_of
 from tracekit.analysis.stats.model_calls import CallTiming, is_model_stage, model_calls
 
 _MS = 1e6
 _CONTENDED_NS = 1_000_000  # waited at least 1 ms for an earlier call
+#: Calls that waited before their stage while one stage of other requests held the loop for
+#: at least this share of the wait were not sent, not serialized: that stage is the cause.
+LOOP_SHARE = 0.5
 
 
 class SerializedModelCalls:
@@ -146,6 +149,28 @@ class SerializedModelCalls:
             f"{ms(percentile(waited, 0.95))}), then took {ms(service)} each, as long as an "
             f"uncontended call ({ms(uncontended_ms)}): {how}"
         )
+        caused_by: tuple[tuple[str, str, str | None], ...] = ()
+        folded = None
+        held = _loop_holder(contended, requests, ctx) if outside else None
+        if held is not None:
+            # The calls waited before their stage started while other requests held the
+            # loop: they were not sent, not queued behind each other. That stage's finding
+            # is the cause.
+            (h_route, h_stage), share = held
+            evidence += (
+                f"; but the event loop was running {h_stage or 'handler code'} ({h_route}) "
+                f"for {share:.0%} of that wait, so the calls were not sent, not locked"
+            )
+            caused_by = (
+                ("cpu-on-loop", h_route, h_stage),
+                ("blocking-call-on-loop", h_route, h_stage),
+                ("loop-saturated", route, None),
+            )
+            folded = (
+                f"this is also why {name} calls look served one at a time: they waited "
+                f"{ms(percentile(waited, 0.5))} to be sent while the loop ran it "
+                f"(serialized-model-calls)"
+            )
         return finding(
             rule=self.id,
             route=route,
@@ -158,4 +183,30 @@ class SerializedModelCalls:
             requests=requests,
             ctx=ctx,
             model=Fix("model_overlap", route, name, queue="outside" if outside else "inside"),
+            caused_by=caused_by,
+            folded=folded,
         )
+
+
+def _loop_holder(
+    contended: list[CallTiming], requests: Sequence[RequestRecord], ctx: RuleContext
+) -> tuple[tuple[str, str | None], float] | None:
+    """The (route, stage) whose loop slices filled the most of the contended calls' waits
+    before their stage started, and the share they filled, when that is at least half."""
+    index = LoopIndex.of(requests, ctx)
+    held: dict[tuple[str, str | None], int] = {}
+    total = 0
+    for c in contended:
+        end = min(c.submit_ns + c.queue_ns, c.stage.start_ns)
+        if end <= c.submit_ns:
+            continue
+        total += end - c.submit_ns
+        service = requests[c.index].service
+        for piece, ns in index.overlapping(service, c.submit_ns, end, exclude=c.index):
+            key = (piece.route, piece.stage)
+            held[key] = held.get(key, 0) + ns
+    if not held or total <= 0:
+        return None
+    key = max(held, key=lambda k: (held[k], str(k)))
+    share = held[key] / total
+    return (key, share) if share >= LOOP_SHARE else None

@@ -1,15 +1,16 @@
 """``stream-stall``: inter-token gaps of streamed responses far above the model's own pace.
 
 For each streamed request (``tracekit.chunks`` >= 3 and an ITL p95), the model's own time
-per chunk is estimated from its model stage: the stage's wait (less the time to the first
-chunk when ``gen_ai.response.time_to_first_chunk`` is known) over the output tokens
-(``gen_ai.usage.output_tokens``), times tokens per chunk; without token counts, the route's
-median ITL stands in. Fires when the median of the requests' ITL p95 is at least ``ratio``
-times that and at least ``min_excess_ms`` above it.
+per chunk is estimated from its model stage after its first chunk (:func:`_model_pace_ms`:
+the time it was suspended per gap, loop waits it did not catch up left out). Fires when the
+median of the requests' ITL p95 is at least ``ratio`` times that and at least
+``min_excess_ms`` above it.
 
 Then it looks for what held the loop between chunks: the streamed requests' loop waits after
 their first chunk are intersected with every other request's loop slices (and their own
-per-chunk work is compared with the model's pace). The culprit stage gets the fix; when the
+per-chunk work after the first chunk is compared with the model's pace). The stalls are then
+a symptom of the culprit stage's finding and are folded into it
+(:mod:`tracekit.analysis.rules.folding`); alone, the culprit stage gets the fix. When the
 loop explains nothing, the stalls come from the model server (e.g. long prefills pausing
 decodes), and the fix is chunked prefill.
 """
@@ -24,36 +25,57 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord, StageRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
-from tracekit.analysis.rules.common import LoopIndex, by_route, finding, loop_usage, ms, p50_latency
+from tracekit.analysis.rules.common import LoopIndex, by_route, finding, ms, p50_latency
 from tracekit.analysis.rules.cpu_on_loop import fix_for_cpu
 from tracekit.analysis.rules.findings import Finding, RuleContext
+from tracekit.analysis.rules.stage_code import StageCode
 from tracekit.analysis.stats.intervals import StageTree, function_of
 
 _MS = 1e6
+_STALLED = "streamed responses stalled: "
 
 
-def _model_pace_ms(req: RequestRecord) -> float | None:
-    """The model's own time per chunk in ``req`` from token counts, or ``None``."""
-    if not req.chunks:
+def _model_pace_ms(req: RequestRecord) -> tuple[float, bool] | None:
+    """The model's own time per chunk in a stream, and whether its stage measured it.
+
+    From the model stage after its first chunk (``gen_ai.response.time_to_first_chunk``,
+    else the request's first chunk): its time suspended per gap (wall less its CPU, its
+    consumer's time and its children's), and the part of it that was not a recorded loop
+    wait. A stream read in bursts (its median gap below that second figure: chunks that
+    arrived while the loop was held were read back to back) absorbed its loop waits, so
+    its pace is the suspended time per gap (the model kept producing meanwhile); a stream
+    without bursts waited for the model after each loop wait, so its pace leaves them out.
+    The median gap alone is not the pace (a burst's chunks are microseconds apart), nor
+    is token time from the stage's wait alone. Without a timed model stage: the stream's
+    mean gap (``tracekit.tpot_ms``).
+    """
+    gaps = (req.chunks or 0) - 1
+    if gaps < 1:
         return None
-    wait = 0.0
-    tokens = 0
-    for stage in req.stages:
-        if stage.kind != semconv.KIND_MODEL or stage.wait_ms is None:
-            continue
-        count = stage.attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
-        if type(count) is not int or count <= 1:
-            continue
-        first = stage.attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)
-        decode = stage.wait_ms
-        if isinstance(first, (int, float)) and 0 <= first * 1000 < decode:
-            decode -= first * 1000
-            count -= 1
-        wait += decode
-        tokens += count
-    if tokens <= 0:
-        return None
-    return wait / tokens * max(1.0, tokens / req.chunks)
+    model = next((s for s in reversed(req.stages) if s.kind == semconv.KIND_MODEL
+                  and s.cpu_ms is not None), None)  # fmt: skip
+    if model is not None:
+        ttfc = model.attributes.get(semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)
+        first = (
+            model.start_ns + int(ttfc * 1e9) if isinstance(ttfc, (int, float)) and ttfc >= 0
+            else req.start_ns + int((req.ttft_ms or 0.0) * _MS)
+        )
+        busy = (model.cpu_ms or 0.0) + (model.children_ms or 0.0) + _consumer_ms(model)
+        suspended = (model.end_ns - first) / _MS - busy
+        if suspended > 0:
+            loop_waits = sum(max(0, b - max(a, first)) for a, b in model.loop_waits) / _MS
+            waiting = max(0.0, suspended - loop_waits) / gaps
+            bursts = req.itl_p50_ms is not None and req.itl_p50_ms < waiting
+            return (suspended / gaps if bursts else waiting), True
+    if req.tpot_ms is not None and req.tpot_ms > 0:
+        return req.tpot_ms, False
+    return None
+
+
+def _consumer_ms(stage: StageRecord) -> float:
+    """``tracekit.consumer_ms`` of a generator stage: 0 when absent or malformed."""
+    value = stage.attributes.get(semconv.CONSUMER_MS)
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < float("inf") else 0.0
 
 
 class StreamStall:
@@ -103,11 +125,13 @@ class StreamStall:
         ctx: RuleContext,
     ) -> Finding | None:
         paces = [p for p in (_model_pace_ms(r) for r in streamed) if p is not None]
-        if paces:
-            pace, source = percentile(paces, 0.5), "from model time / output tokens"
-        else:
-            pace = percentile([r.itl_p50_ms or 0.0 for r in streamed], 0.5)
-            source = "the median inter-chunk gap"
+        if not paces:
+            return None
+        pace = percentile([p for p, _ in paces], 0.5)
+        source = (
+            "its stage's time suspended between chunks" if sum(m for _, m in paces) * 2 > len(paces)
+            else "the streams' mean gap"
+        )
         p95 = percentile([r.itl_p95_ms or 0.0 for r in streamed], 0.5)
         if pace <= 0 or p95 < self.ratio * pace or p95 - pace < self.min_excess_ms:
             return None
@@ -115,7 +139,7 @@ class StreamStall:
         stall = percentile([max(0.0, (r.itl_max_ms or 0.0) - pace) for r in streamed], 0.5)
         culprit = self._culprit(streamed, requests, ctx)
         head = (
-            f"streamed responses stalled: their inter-chunk gap p95 is {ms(p95)} (median over "
+            f"{_STALLED}their inter-chunk gap p95 is {ms(p95)} (median over "
             f"{len(streamed)} requests; max {ms(worst)}) against the model's own {ms(pace)} "
             f"per chunk ({source})"
         )
@@ -159,28 +183,34 @@ class StreamStall:
         requests: Sequence[RequestRecord],
         ctx: RuleContext,
     ) -> Finding:
-        """Another stage held the loop while the streams waited: fix that stage."""
+        """Another request's stage held the loop while the streams waited: fix that stage
+        (the symptom of its cpu-on-loop or blocking-call-on-loop finding, folded into it)."""
         c_route, c_stage, c_record, blamed_ms = culprit
-        function = function_of(c_record)
-        kind = c_record.kind if c_record is not None else None
-        fix, model = fix_for_cpu(c_route, c_stage, kind, function)
-        whose = "their own" if c_route == route else f"{c_route}'s"
-        evidence = (
-            f"{head}; while they waited for the loop, it was running {whose} "
+        code = StageCode.of(c_stage, [c_record])
+        fix, model, note = fix_for_cpu(c_route, code)
+        # Never "their own": the streams' own stages before their first chunk are excluded;
+        # what held the loop was this stage of *other* requests (new arrivals, for a stage
+        # that runs before a stream starts).
+        whose = "other requests' own" if c_route == route else f"{c_route}'s"
+        held = (
+            f"while they waited for the loop, it was running {whose} "
             f"{c_stage or 'handler code'} ({ms(blamed_ms / streams)} per streamed request)"
         )
         return finding(
             rule=self.id,
             route=route,
             stage=c_stage,
-            function=function,
+            function=code.function,
             impact_ms=stall,
             route_p50_ms=p50,
-            evidence=evidence,
+            evidence=f"{head}; {held}",
             fix=fix,
             requests=requests,
             ctx=ctx,
-            model=replace(model, report_route=route),
+            model=replace(model, report_route=route) if model is not None else None,
+            no_model_note=note,
+            caused_by=(("cpu-on-loop", c_route, c_stage), ("blocking-call-on-loop", c_route, c_stage)),
+            folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)",
         )
 
     def _per_chunk(
@@ -202,7 +232,7 @@ class StreamStall:
         )
         model: Fix | None = None
         if o_record is not None and o_record.kind == semconv.KIND_SERIALIZE:
-            model = fix_for_cpu(route, o_stage, o_record.kind, function)[1]
+            model = fix_for_cpu(route, StageCode.of(o_stage, [o_record]))[1]
         return finding(
             rule=self.id,
             route=route,
@@ -218,6 +248,11 @@ class StreamStall:
             no_model_note=(
                 "the replay models end-to-end latency, not per-chunk timing: coalescing "
                 "chunks has no projection"
+            ),
+            caused_by=(("cpu-on-loop", route, o_stage),),
+            folded=(
+                f"this is also why the streams stall: {head.removeprefix(_STALLED)}, and "
+                f"{o_stage or 'handler code'} takes {ms(per_chunk)} per chunk (stream-stall)"
             ),
         )
 
@@ -254,11 +289,21 @@ class StreamStall:
         records: dict[str | None, StageRecord | None] = {}
         for req in streamed:
             tree = StageTree(req)
-            for name, usage in loop_usage(req, tree).items():
-                if usage.stage is not None and usage.stage.kind == semconv.KIND_MODEL:
+            first = req.start_ns + int((req.ttft_ms or 0.0) * _MS)
+            gaps = max(1, (req.chunks or 1) - 1)
+            for stage in (None, *req.stages):
+                if stage is not None and (stage.kind == semconv.KIND_MODEL or stage.cpu_ms is None
+                                          or stage.on_loop is False):  # fmt: skip
                     continue  # the model's own steps are the stream, not work per chunk
-                per.setdefault(name, []).append(usage.held_ms / max(1, req.chunks or 1))
-                records.setdefault(name, usage.stage)
+                # Only what held the loop after the first chunk: a stage that ran before the
+                # stream started (its own tokenizer, guardrail) is not work per chunk.
+                held = sum(max(0, b - max(a, first)) for a, b in tree.own_slices(stage, req))
+                if stage is not None and stage.start_ns >= first:
+                    # All of it is after the first chunk: its CPU counts, slices < 1 ms too.
+                    held = max(held, int((stage.cpu_ms or 0.0) * _MS))
+                name = stage.name if stage is not None else None
+                per.setdefault(name, []).append(held / _MS / gaps)
+                records.setdefault(name, stage)
         if not per:
             return None
         name = max(per, key=lambda k: percentile(per[k], 0.5))
