@@ -33,7 +33,7 @@ def test_json_output_to_a_file_with_the_finding_made(runs: tuple[str, str], tmp_
     path = tmp_path / "compare.json"
     code, out, err = run_main(
         "compare", *runs, "--format", "json", "-o", str(path), "--finding", "cpu-on-loop:tokenize",
-        "--confidence", "0.9",
+        "--confidence", "0.9", "--cores", "3",
     )  # fmt: skip
     assert (code, out, err) == (0, "", "")
     data = json.loads(path.read_text())
@@ -47,6 +47,7 @@ def test_json_output_to_a_file_with_the_finding_made(runs: tuple[str, str], tmp_
     selected = [p for p in route["projections"] if p["selected"]]
     assert [(p["rule"], p["stage"]) for p in selected] == [("cpu-on-loop", "tokenize")]
     assert {m["metric"] for m in selected[0]["metrics"]} == {"p50_ms", "p95_ms", "throughput_rps"}
+    assert (selected[0]["model"]["cores"], selected[0]["model"]["cores_source"]) == (3, "--cores")
 
 
 def test_every_bad_input_is_one_line_and_exit_2(runs: tuple[str, str], tmp_path: Path) -> None:
@@ -62,6 +63,7 @@ def test_every_bad_input_is_one_line_and_exit_2(runs: tuple[str, str], tmp_path:
         "bad finding": ([before, after, "--finding", "BAD RULE"], "RULE or RULE:STAGE"),
         "unmatched finding": ([before, after, "--finding", "fp32-weights"], "its projected findings:"),
         "confidence": ([before, after, "--confidence", "2"], "confidence must be between"),
+        "cores": ([before, after, "--cores", "0"], "--cores"),
         "missing AFTER": ([before], "the following arguments are required: AFTER"),
         "-o is a trace file": ([before, after, "-o", after], "is the trace file being read"),
         "query options on files": ([before, after, "--service", "gw"], "neither run is one"),

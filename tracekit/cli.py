@@ -6,7 +6,7 @@
                             [--fail-on high|medium|low]
     tracekit analyze --jaeger URL --service NAME [--lookback 1h] [--limit N]
                      [--timeout SECONDS] [--max-response-mb MB] [...]
-    tracekit compare BEFORE AFTER [--format text|json] [-o FILE] [--route R]
+    tracekit compare BEFORE AFTER [--format text|json] [-o FILE] [--route R] [--cores N]
                      [--finding RULE[:STAGE]] [--confidence 0.95] [--service NAME] [...]
 
 Exit codes: 0 done; 1 a finding at or above ``--fail-on`` exists (CI gate); 2 bad input or
@@ -156,6 +156,12 @@ def add_compare_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
         type=_positive_float,
         default=0.95,
         help="the confidence intervals' coverage, 0.5 to 0.995 (default 0.95)",
+    )
+    p.add_argument(
+        "--cores",
+        type=_positive_int,
+        help="CPU cores of the gateway host, for BEFORE's projections (default: the trace's, "
+        "else this machine's)",
     )
     p.add_argument("--service", help="service to query (for a Jaeger URL side)")
     p.add_argument(
@@ -338,6 +344,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         limit=args.limit,
         timeout=args.timeout,
         max_response_mb=args.max_response_mb,
+        cores=args.cores,
     )
     for side in (comparison.before, comparison.after):
         for warning in side.warnings:

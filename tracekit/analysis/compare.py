@@ -183,6 +183,7 @@ def compare(
     limit: int | None = None,
     timeout: float | None = None,
     max_response_mb: float | None = None,
+    cores: int | None = None,
 ) -> Comparison:
     """Measure what changed per route between two runs, and check BEFORE's projections.
 
@@ -197,6 +198,8 @@ def compare(
         seed: the bootstrap's seed: the same inputs and seed give the same intervals.
         service, lookback, limit, timeout, max_response_mb: Jaeger query options, applied
             to whichever side is a Jaeger URL.
+        cores: the gateway host's CPU cores for BEFORE's projections, as in
+            :func:`tracekit.analyze` (default: the trace's, else this machine's).
 
     Returns:
         The :class:`Comparison`.
@@ -223,8 +226,8 @@ def compare(
             "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
             "query URL, and neither run is one"
         )
-    b_report, b_values = _measure(before, "before", route, jaeger)
-    a_report, a_values = _measure(after, "after", route, jaeger)
+    b_report, b_values = _measure(before, "before", route, jaeger, cores)
+    a_report, a_values = _measure(after, "after", route, jaeger, cores)
     common = [name for name in b_values if name in a_values]
     if not common:
         raise ConfigurationError(
@@ -283,14 +286,14 @@ def _select(checks: list[ProjectionCheck], wanted: tuple[str, str | None] | None
 
 
 def _measure(
-    source: Any, side: str, route: str | None, jaeger: dict[str, Any]
+    source: Any, side: str, route: str | None, jaeger: dict[str, Any], cores: int | None
 ) -> tuple[Report, dict[str, RouteValues]]:
     from tracekit.analysis.api import analyze
 
     collector = RouteCollector()
     options = jaeger if isinstance(source, str) and is_url(source) else {}
     try:
-        report = analyze(source, route=route, observe=collector.add, **options)
+        report = analyze(source, route=route, observe=collector.add, cores=cores, **options)
     except TraceFormatError as exc:
         if _is_report(source):
             raise TraceFormatError(
