@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -29,7 +30,7 @@ WORDS = "the model answers with plain words so the demo has something to stream"
 def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = False) -> Starlette:
     lock = asyncio.Lock() if serial else None
 
-    async def generate(n: int):  # type: ignore[no-untyped-def]
+    async def generate(n: int) -> AsyncIterator[str]:
         await asyncio.sleep(prefill_ms / 1000)
         for i in range(n):
             await asyncio.sleep(decode_ms / 1000)
@@ -54,7 +55,7 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
             }, headers={"x-model-ms": f"{(time.perf_counter() - began) * 1000:.3f}",
                 "x-model-done-ns": str(time.perf_counter_ns())})  # fmt: skip
 
-        async def events():  # type: ignore[no-untyped-def]
+        async def events() -> AsyncIterator[str]:
             if lock is not None:
                 await lock.acquire()
             try:
