@@ -23,8 +23,9 @@ from .proxy import ModelServer, Proxy, drive_load, thread_cpu_ns
 
 LOOPS = ["asyncio", "uvloop"]
 # Model wait against the model server's own time on a saturated loop: measured from -28% to
-# +36% over runs on this host (docs/attributes.md); the busy-run estimate gave about +100%.
-TOLERANCE = 0.4
+# +64% over runs on this host (docs/attributes.md; +48% and +64% in 2 of 15 runs on 2026-12-04,
+# so 40% failed CI now and then); booking the loop's queueing as model wait gave +100% and more.
+TOLERANCE = 0.75
 
 
 def _windows(spans: list[Any]) -> list[dict[str, Any]]:
@@ -106,7 +107,9 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     wall = statistics.median(a[sc.WALL_MS] for a in models)
     lags = [w[sc.LOOP_LAG_P50_MS] for w in _windows(spans) if sc.LOOP_LAG_P50_MS in w]
     where = f"model server {own:.1f} ms, traced wait {wait:.1f}, stage wall {wall:.1f}, lags {lags}"
-    assert wall >= 2 * own, "the loop was not saturated: " + where
+    # Saturated enough that booking the loop's queueing as model wait would exceed TOLERANCE
+    # (wall >= 1.85x own: such a wait would be >= 85% over); 2x failed at 1.98x on a quiet host.
+    assert wall >= (1 + TOLERANCE + 0.1) * own, "the loop was not saturated: " + where
     assert abs(wait - own) <= TOLERANCE * own, where
     requests = [s.attributes for s in spans if s.kind.name == "SERVER"]
     model_wait = statistics.median(a[sc.MODEL_WAIT_MS] for a in requests)
