@@ -70,7 +70,9 @@ def test_the_loop_threads_cpu_is_accounted_for(loop: str, model: ModelServer, se
     # The windows read the thread's kernel CPU clock over a slightly longer interval (flush
     # to flush); /proc's schedstat lags the running thread's clock by up to a tick.
     assert 0.98 * proc_ms <= total <= proc_ms * 1.05 + 50, where
-    assert attributed >= 0.95 * proc_ms, where
+    # Background (HTTP parsing in protocol callbacks) is 3-6% of it (6.1% in a CI run on
+    # 2026-12-04, which failed at 95%); without the task factory only 37% is attributed.
+    assert attributed >= 0.90 * proc_ms, where
     # The requests' own spans carry the CPU of the tasks they spawned (the upstream call,
     # the logging after the response): ~90% of the loop thread's CPU is theirs.
     requests = [s for s in spans if s.kind.name == "SERVER"]
