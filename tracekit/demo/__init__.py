@@ -1,2 +1,2 @@
-"""The demo shipped with tracekit: a simulated model server and a gateway with the seeds'
-problems, run by ``tracekit demo``. Importing this package imports nothing."""
+"""What ``tracekit demo`` will run (issue 17); today the simulated model server
+(``model_server.py``). Importing this package imports nothing."""

@@ -19,10 +19,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+except ImportError as error:  # a plain install: one line naming the extra, not a bare traceback
+    raise ImportError("the simulated model server needs pip install 'tracekit[fastapi]'") from error
 
 WORDS = "the model answers with plain words so the demo has something to stream".split()
 
