@@ -89,7 +89,7 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     loop wait (and queue wait, on the HTTP client's locks), not model wait: the model stage's
     wait stays close to the model server's own time, while its wall time is several times
     that (see TOLERANCE)."""
-    proxy = Proxy(model.url, parse_units=8.0)  # twice the CPU of the default proxy's requests
+    proxy = Proxy(model.url, parse_units=12.0)  # three times the CPU of the default proxy's requests
     with tracekit.record() as rec:
         server = serve(proxy.app, loop=loop, http="httptools")
         drive_load(server.url, 8, 4)
@@ -110,7 +110,8 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     lags = [w[sc.LOOP_LAG_P50_MS] for w in _windows(spans) if sc.LOOP_LAG_P50_MS in w]
     where = f"model server {own:.1f} ms, traced wait {wait:.1f}, stage wall {wall:.1f}, lags {lags}"
     # Saturated enough that booking the loop's queueing as model wait would exceed TOLERANCE
-    # (wall >= 1.85x own: such a wait would be >= 85% over); 2x failed at 1.98x on a quiet host.
+    # (wall >= 1.85x own: such a wait would be >= 85% over). At parse_units=8 a CI run had 1.82x;
+    # at 12 a busy host gives 13-16x.
     assert wall >= (1 + TOLERANCE + 0.1) * own, "the loop was not saturated: " + where
     assert abs(wait - own) <= TOLERANCE * own, where
     requests = [s.attributes for s in spans if s.kind.name == "SERVER"]
