@@ -221,6 +221,21 @@ def _stage_table(route: Mapping[str, Any]) -> str:
     return (
         f'<h3>{esc(clip(route.get("route"), 200))}</h3><div class="tablewrap"><table>'
         f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+        + "".join(_profile(s) for s in items(route.get("stages")))
+    )
+
+
+def _profile(stage: Mapping[str, Any]) -> str:
+    # A stage's pyinstrument call tree (tracekit.integrations.pyinstrument), when recorded.
+    profile = mapping(stage.get("profile"))
+    tree = profile.get("tree")
+    if not isinstance(tree, str) or not tree:
+        return ""
+    return (
+        f'<details class="profile"><summary>{esc(clip(stage.get("stage"), 80))}: call tree '
+        f"(pyinstrument, the profiled call that sampled {fmt_ms(profile.get('sampled_ms'))} ms)"
+        f"</summary><p>Hottest functions (self time):</p><pre><code>{esc(clip(profile.get('hot'), 2000))}</code></pre><p>Call tree:</p>"
+        f"<pre><code>{esc(clip(tree, 4000))}</code></pre></details>"
     )
 
 

@@ -1,0 +1,168 @@
+"""The pyinstrument drill-down on a real gateway (uvicorn on 127.0.0.1, ``tracekit.record()``):
+the profile of a CPU-heavy stage names the helper two calls down that burns the time, the
+``cpu-on-loop`` finding and the HTML report carry it; sampling, the threshold, a blocked
+loop window, and the missing extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+import tracekit
+from tests.conftest import Server, settled
+from tracekit import semconv
+from tracekit.stage import set_probe
+
+pytest.importorskip("pyinstrument")
+from tracekit.integrations import pyinstrument  # noqa: E402
+
+
+def _slow_helper(text: str, rounds: int) -> int:
+    total = 0
+    for _ in range(rounds):
+        for ch in text:
+            total = (total * 31 + ord(ch)) % 1_000_003
+    return total
+
+
+def _normalize(text: str, rounds: int) -> int:
+    return _slow_helper(text.lower(), rounds)
+
+
+@tracekit.stage("tokenize")
+def tokenize(text: str, rounds: int) -> int:
+    return _normalize(text, rounds)
+
+
+async def chat(request: Request) -> JSONResponse:
+    rounds = int(request.query_params.get("rounds", "400"))
+    return JSONResponse({"n": tokenize("Hello World " * 20, rounds)})
+
+
+def _block(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+async def blocking(request: Request) -> JSONResponse:
+    _block(0.25)
+    return JSONResponse({"ok": True})
+
+
+APP = tracekit.TracekitMiddleware(Starlette(routes=[
+    Route("/v1/chat", chat, methods=["POST"]), Route("/block", blocking)]))  # fmt: skip
+
+
+@pytest.fixture
+def profiling() -> Iterator[Any]:
+    yield pyinstrument
+    pyinstrument.disable()
+    set_probe(None)
+
+
+def _stages(spans: list[Any]) -> list[Any]:
+    return [s for s in spans if s.attributes.get(semconv.STAGE) == "tokenize"]
+
+
+def _drive(rec: Any, requests: int, rounds: int = 400) -> list[Any]:
+    server = Server(APP)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for _ in range(requests):
+                client.post(f"/v1/chat?rounds={rounds}").raise_for_status()
+        return settled(rec, requests)
+    finally:
+        server.stop()
+
+
+def test_profile_names_the_helper_two_calls_down(profiling: Any) -> None:
+    profiling.enable(every=1, min_ms=5.0, loop=False)
+    with tracekit.record() as rec:
+        spans = _drive(rec, 4)
+    stages = _stages(spans)
+    assert len(stages) == 4
+    for span in stages:
+        hot = span.attributes[semconv.PROFILE_HOT]
+        first = hot.splitlines()[0]
+        assert first.startswith("_slow_helper (tests/integrations/test_pyinstrument.py:"), hot
+        assert len(hot.splitlines()) <= 5
+        tree = span.attributes[semconv.PROFILE_TREE]
+        # the tree runs tokenize -> _normalize -> _slow_helper, tracekit's wrapper left out
+        names = [line.split(" ms ", 1)[1].split(" (")[0] for line in tree.splitlines()]
+        assert names[:3] == ["tokenize", "_normalize", "_slow_helper"], tree
+        assert "stage.py" not in tree
+        assert len(tree) <= pyinstrument.TREE_CHARS
+        assert span.attributes[semconv.PROFILE_MS] >= 5.0
+    report = rec.report()
+    finding = next(f for f in report.findings if f.rule == "cpu-on-loop" and f.stage == "tokenize")
+    assert "_slow_helper (tests/integrations/test_pyinstrument.py:" in finding.evidence
+    html = report.to_html()
+    assert "_slow_helper" in html and "call tree" in html.lower()
+
+
+def test_one_call_in_every_is_profiled_and_cheap_calls_are_not_attached(profiling: Any) -> None:
+    profiling.enable(every=3, min_ms=5.0, loop=False)
+    with tracekit.record() as rec:
+        spans = _drive(rec, 7)
+    profiled = [s for s in _stages(spans) if semconv.PROFILE_HOT in s.attributes]
+    assert len(profiled) == 3  # calls 1, 4 and 7
+    profiling.enable(every=1, min_ms=50.0, loop=False)
+    with tracekit.record() as rec:
+        spans = _drive(rec, 3, rounds=1)  # well under 50 ms of code each
+    assert not [s for s in _stages(spans) if semconv.PROFILE_HOT in s.attributes]
+
+
+def test_off_by_default_and_disable_removes_it(profiling: Any) -> None:
+    with tracekit.record() as rec:
+        spans = _drive(rec, 2)
+    assert not [s for s in _stages(spans) if semconv.PROFILE_HOT in s.attributes]
+    profiling.enable(every=1, loop=False)
+    profiling.disable()
+    with tracekit.record() as rec:
+        spans = _drive(rec, 2)
+    assert not [s for s in _stages(spans) if semconv.PROFILE_HOT in s.attributes]
+
+
+def test_a_blocked_loop_window_is_profiled(profiling: Any) -> None:
+    # A stage call lets the watch find the loop; then the loop is blocked for 0.25 s at a
+    # time: the check runs late, the next window is profiled and lands on a loop span.
+    profiling.enable(every=1000, loop=True, window_s=0.5, block_ms=100.0)
+    server = Server(APP)
+    try:
+        with tracekit.record() as rec, httpx.Client(base_url=server.url, timeout=30) as client:
+            client.post("/v1/chat?rounds=1").raise_for_status()
+            deadline = time.monotonic() + 20
+            profiled: list[Any] = []
+            while not profiled and time.monotonic() < deadline:
+                client.get("/block").raise_for_status()
+                profiled = [s for s in rec.spans if s.name == semconv.LOOP_SPAN
+                            and semconv.PROFILE_HOT in s.attributes]  # fmt: skip
+    finally:
+        server.stop()
+    assert profiled, "no loop window was profiled"
+    attrs = profiled[0].attributes
+    assert attrs[semconv.PROFILE_REASON].startswith(("blocked", "saturated"))
+    assert "_block (tests/integrations/test_pyinstrument.py:" in attrs[semconv.PROFILE_TREE]
+
+
+def test_missing_package_names_the_extra() -> None:
+    code = ("import sys; sys.modules['pyinstrument'] = None\n"
+            "try:\n    import tracekit.integrations.pyinstrument\n"
+            "except ImportError as e:\n    print(e)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "pip install 'tracekit[pyinstrument]'" in out.stdout, out.stderr
+
+
+def test_bad_arguments() -> None:
+    for kwargs in ({"every": 0}, {"min_ms": -1}, {"interval_ms": 0}, {"top": 0}):
+        with pytest.raises(ValueError):
+            pyinstrument.enable(**kwargs)
