@@ -371,7 +371,8 @@ def enable(every: int = 50, *, min_ms: float = 5.0, interval_ms: float = 1.0, to
         raise ValueError(f"every must be an int >= 1, got {every!r}")
     for name, value in (("min_ms", min_ms), ("interval_ms", interval_ms), ("window_s", window_s),
                         ("loop_busy", loop_busy), ("block_ms", block_ms)):  # fmt: skip
-        if not isinstance(value, (int, float)) or value < 0 or (name in ("interval_ms", "window_s") and value <= 0):
+        positive = name in ("interval_ms", "window_s")
+        if not isinstance(value, (int, float)) or value < 0 or (positive and value <= 0):
             raise ValueError(f"{name} must be a number >= 0 (> 0 for interval_ms, window_s), got {value!r}")
     if not isinstance(top, int) or top < 1:
         raise ValueError(f"top must be an int >= 1, got {top!r}")

@@ -67,7 +67,8 @@ EVENT_BLOCKED_MS: Final = "tracekit.blocked_ms"  # attribute: how long the slice
 # Where a sampled stage call (or a busy loop window) spent its time, from pyinstrument
 # (tracekit.integrations.pyinstrument; docs/attributes.md, "Profiles"). On a stage span or
 # a tracekit.loop window span.
-PROFILE_HOT: Final = "tracekit.profile.hot"  # hottest functions, one a line: "fn (file:line) self X ms, total Y ms"
+# The hottest functions, one a line: "fn (file:line) self X ms, total Y ms".
+PROFILE_HOT: Final = "tracekit.profile.hot"
 PROFILE_TREE: Final = "tracekit.profile.tree"  # the call tree, one frame a line, indented by depth
 PROFILE_MS: Final = "tracekit.profile.ms"  # sampled time in the code, awaits excluded
 PROFILE_SAMPLES: Final = "tracekit.profile.samples"

@@ -24,7 +24,7 @@ from tracekit import semconv
 from tracekit.stage import set_probe
 
 pytest.importorskip("pyinstrument")
-from tracekit.integrations import pyinstrument  # noqa: E402
+from tracekit.integrations import pyinstrument
 
 
 def _slow_helper(text: str, rounds: int) -> int:
@@ -54,7 +54,7 @@ def _block(seconds: float) -> None:
 
 
 async def blocking(request: Request) -> JSONResponse:
-    _block(0.25)
+    _block(0.3)
     return JSONResponse({"ok": True})
 
 
@@ -133,9 +133,9 @@ def test_off_by_default_and_disable_removes_it(profiling: Any) -> None:
 
 
 def test_a_blocked_loop_window_is_profiled(profiling: Any) -> None:
-    # A stage call lets the watch find the loop; then the loop is blocked for 0.25 s at a
+    # A stage call lets the watch find the loop; then the loop is blocked for 0.3 s at a
     # time: the check runs late, the next window is profiled and lands on a loop span.
-    profiling.enable(every=1000, loop=True, window_s=0.5, block_ms=100.0)
+    profiling.enable(every=1000, loop=True, window_s=0.5, block_ms=50.0)
     server = Server(APP)
     try:
         with tracekit.record() as rec, httpx.Client(base_url=server.url, timeout=30) as client:

@@ -253,7 +253,10 @@ class LoopSaturated:
             text = (
                 f"# {name_of(name)} ({route}): {ms(cpu[(route, name)] / n)} per request, {share:.0%} of "
                 f"the requests' loop CPU -> {' '.join(fix_title.split())}{gain}\n"
-            ) + (f"#     pyinstrument: most self time in {code.hot.splitlines()[0]}\n" if code.hot else "") + "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
+            )
+            if code.hot:
+                text += f"#     pyinstrument: most self time in {code.hot.splitlines()[0]}\n"
+            text += "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
             lines.append((name_of(name), text))
         return lines
 

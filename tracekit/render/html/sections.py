@@ -234,7 +234,8 @@ def _profile(stage: Mapping[str, Any]) -> str:
     return (
         f'<details class="profile"><summary>{esc(clip(stage.get("stage"), 80))}: call tree '
         f"(pyinstrument, the profiled call that sampled {fmt_ms(profile.get('sampled_ms'))} ms)"
-        f"</summary><p>Hottest functions (self time):</p><pre><code>{esc(clip(profile.get('hot'), 2000))}</code></pre><p>Call tree:</p>"
+        "</summary><p>Hottest functions (self time):</p>"
+        f"<pre><code>{esc(clip(profile.get('hot'), 2000))}</code></pre><p>Call tree:</p>"
         f"<pre><code>{esc(clip(tree, 4000))}</code></pre></details>"
     )
 
