@@ -55,15 +55,15 @@ MAX_PENDING: Final = 4096
 
 def _device_of(module: torch.nn.Module) -> str:
     # The device of the module's first parameter (or buffer): where forward runs.
-    for tensor in module.parameters():
-        return str(tensor.device)
-    for tensor in module.buffers():
-        return str(tensor.device)
+    for param in module.parameters():
+        return str(param.device)
+    for buffer in module.buffers():
+        return str(buffer.device)
     return "cpu"
 
 
 def _new_event() -> Any:
-    return torch.cuda.Event(enable_timing=True)
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
 def describe(module: torch.nn.Module) -> dict[str, Any]:
@@ -221,5 +221,5 @@ def instrument(module: M, *, stage: str = "model") -> M:
         return timed(led, args, kwargs)
 
     traced_forward.__tracekit_forward__ = True  # type: ignore[attr-defined]
-    module.forward = traced_forward  # type: ignore[method-assign]
+    module.forward = traced_forward
     return module

@@ -37,7 +37,8 @@ class TinyLM(torch.nn.Module):  # type: ignore[misc]
     def __init__(self, config: TinyConfig) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(config.vocab, config.dim)
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(config.dim, config.dim) for _ in range(config.layers))
+        layers = range(config.layers)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(config.dim, config.dim) for _ in layers)
         self.head = torch.nn.Linear(config.dim, config.vocab)
 
     def forward(self, ids: Any) -> Any:

@@ -90,7 +90,7 @@ class Fp32Weights:
             + f" in {len({id(r) for r, _ in hits})} of {len(reqs)} {route} requests"
         )
         projection = None
-        note = "no device time in the traces (tracekit.torch.device_ms): severity from the dtype alone"
+        note: str | None = "no device time in the traces (tracekit.torch.device_ms): dtype alone"
         impact = 0.0
         if device_ms:
             values = sorted(device_ms.values())
