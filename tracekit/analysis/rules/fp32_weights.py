@@ -86,7 +86,7 @@ class Fp32Weights:
         module = attrs.get(semconv.TORCH_MODULE, "the module")
         evidence = (
             f"{name} ran {module} on {attrs.get(semconv.TORCH_DEVICE)} with float32 weights"
-            + (f" ({size / 2**20:.1f} MiB; {size / 2**21:.1f} MiB in bf16)" if size else "")
+            + (f" ({_size(size)}; {_size(size / 2)} in bf16)" if size else "")
             + f" in {len({id(r) for r, _ in hits})} of {len(reqs)} {route} requests"
         )
         projection = None
@@ -108,6 +108,10 @@ class Fp32Weights:
                                  if projection is not None else ""),
             projection=projection, projection_note=note,
         )  # fmt: skip
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _projection(reqs: list[RequestRecord], device_ms: dict[int, float]) -> dict[str, Any]:
