@@ -27,7 +27,6 @@ The analyzer reads these (rule ``fp32-weights``: a CUDA model held in float32).
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -40,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the missing-extra 
 
 import tracekit
 from tracekit import semconv
+from tracekit._core import clock
 from tracekit._core.current import get_ledger
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import REQUEST, Ledger
@@ -131,12 +131,12 @@ def _timed_sync(fn: Callable[..., Any]) -> Callable[..., Any]:
         led = _torch_stage()
         if led is None:
             return fn(*args, **kwargs)
-        t0 = time.perf_counter_ns()
+        t0 = clock.wall_ns()
         try:
             return fn(*args, **kwargs)
         finally:
             try:
-                _add(led, semconv.TORCH_SYNC_MS, (time.perf_counter_ns() - t0) / MS)
+                _add(led, semconv.TORCH_SYNC_MS, (clock.wall_ns() - t0) / MS)
                 _settle(led)
             except Exception:
                 internal_error("torch sync")
@@ -180,20 +180,21 @@ def instrument(module: M, *, stage: str = "model") -> M:
                     _wrap_syncs()
             attrs = described[0]
             cuda = str(attrs[semconv.TORCH_DEVICE]).startswith("cuda")
-            for key, value in attrs.items():
-                led.set_attribute(key, value)
+            if not led.attributes or semconv.TORCH_MODULE not in led.attributes:
+                for key, value in attrs.items():  # once per stage
+                    led.set_attribute(key, value)
             start = end = None
             if cuda:
                 _settle(led)
                 start, end = _new_event(), _new_event()
                 start.record()
-            c0 = time.thread_time_ns()
+            c0 = clock.cpu_ns()
         except Exception:
             internal_error("torch forward start")
             return forward(*args, **kwargs)
         out = forward(*args, **kwargs)
         try:
-            launch = time.thread_time_ns() - c0
+            launch = clock.cpu_ns() - c0
             if cuda:
                 end.record()  # type: ignore[union-attr]
                 _forget_closed()
