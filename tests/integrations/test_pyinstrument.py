@@ -5,6 +5,7 @@ loop window, and the missing extra."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -166,3 +167,81 @@ def test_bad_arguments() -> None:
     for kwargs in ({"every": 0}, {"min_ms": -1}, {"interval_ms": 0}, {"top": 0}):
         with pytest.raises(ValueError):
             pyinstrument.enable(**kwargs)
+
+
+# --- the other stage forms, errors, the summary -------------------------------------------------
+def _spin_async_helper(ms: float) -> None:
+    # Python CPU only (a C call such as time.thread_time() would show as its own frame)
+    end = time.perf_counter_ns() + int(ms * 1e6)
+    n = 0
+    while n < 10**9:
+        n += 1
+        if n % 2000 == 0 and time.perf_counter_ns() > end:
+            return
+
+
+@tracekit.stage("guardrail")
+async def guard() -> None:
+    await asyncio.sleep(0.05)  # a wait: not the stage's time, not in the profile
+    _spin_async_helper(30)
+
+
+@tracekit.stage("tokenize")
+def failing() -> None:
+    _spin_async_helper(10)
+    raise KeyError("boom")
+
+
+def test_async_stage_and_block_and_errors(profiling: Any) -> None:
+    profiling.enable(every=1, min_ms=5.0, loop=False)
+
+    async def main() -> None:
+        await guard()
+        with tracekit.stage("serialize"):
+            _spin_async_helper(20)
+        with pytest.raises(KeyError, match="boom"):  # the app's exception, unchanged
+            failing()
+
+    with tracekit.record() as rec:  # each stage a tree of its own (no request around them)
+        asyncio.run(main())
+        spans = {s.attributes.get(semconv.STAGE): s for s in rec.spans}
+    guard_attrs = spans["guardrail"].attributes
+    assert guard_attrs[semconv.PROFILE_HOT].startswith("_spin_async_helper ("), guard_attrs
+    # ~30 ms of code sampled; the 50 ms sleep is not in it
+    assert 15 <= guard_attrs[semconv.PROFILE_MS] < 45
+    assert spans["serialize"].attributes[semconv.PROFILE_HOT].startswith("_spin_async_helper (")
+    # the block's tree starts at the function the block runs in
+    assert "main (tests/integrations/test_pyinstrument.py:" in spans["serialize"].attributes[
+        semconv.PROFILE_TREE].splitlines()[0]  # fmt: skip
+    assert spans["tokenize"].attributes[semconv.PROFILE_HOT].startswith("_spin_async_helper (")
+    assert spans["tokenize"].status.status_code.name == "ERROR"
+
+
+def test_summarize_bounds_and_leaves_out_waits_and_tracekit() -> None:
+    me = "f\x00/app/x.py\x001"
+    own = f"sync_stage\x00{pyinstrument._TRACEKIT_DIR}stage.py\x0010"
+    records: list[tuple[list[str], float]] = [
+        (["<thread>\x00<thread>\x000", "root\x00/app/r.py\x001", own, me, "g\x00/app/x.py\x005"], 0.004),
+        (["<thread>\x00<thread>\x000", "root\x00/app/r.py\x001", own, me], 0.001),
+        (["<thread>\x00<thread>\x000", "root\x00/app/r.py\x001", own, me, "[await]\x00<await>\x000"], 0.5),
+    ]
+    start = ["<thread>\x00<thread>\x000", "root\x00/app/r.py\x001\x01l3", own]
+    profile = pyinstrument.summarize(records, start, top=5)
+    assert profile is not None
+    assert profile.samples == 2 and profile.ms == pytest.approx(5.0)
+    assert profile.hot.splitlines()[0] == "g (/app/x.py:5) self 4.0 ms, total 4.0 ms"
+    assert profile.hot.splitlines()[1] == "f (/app/x.py:1) self 1.0 ms, total 5.0 ms"
+    # a decorated function: the tree starts at it (tracekit's wrapper, where the profile
+    # started, left out)
+    assert profile.tree.splitlines() == ["5.0 ms f (/app/x.py:1)", "  4.0 ms g (/app/x.py:5)"]
+    # a block: the start's last frame (the function the block runs in) is kept as the root
+    block = [(r[:2] + r[3:], t) for r, t in records]
+    in_block = pyinstrument.summarize(block, start[:2])
+    assert in_block is not None
+    assert in_block.tree.splitlines()[:2] == ["5.0 ms root (/app/r.py:1)", "  5.0 ms f (/app/x.py:1)"]
+    deep = [(["<thread>\x00<thread>\x000"] + [f"fn{i}\x00/app/{'d' * 80}.py\x00{i}" for i in range(60)],
+             0.001)]  # fmt: skip
+    big = pyinstrument.summarize(deep, [], top=5)
+    assert big is not None and len(big.tree) <= pyinstrument.TREE_CHARS
+    assert len(big.tree.splitlines()) <= pyinstrument.TREE_DEPTH
+    assert pyinstrument.summarize(records[2:], start) is None  # only waits
