@@ -10,7 +10,8 @@ What it records:
 - **stages**: one call in ``every`` of each stage (sync functions, coroutines, ``with``
   blocks; generator stages are not profiled) runs under a pyinstrument profiler; when the
   call spent at least ``min_ms`` in its own code (pyinstrument's samples of its own async
-  context: awaits and other tasks left out), its span gets ``tracekit.profile.hot`` (the ``top`` functions with the most self time:
+  context: awaits and other tasks left out), its span gets ``tracekit.profile.hot`` (the
+  ``top`` functions with the most self time:
   ``slow_helper (app/text.py:12) self 41.0 ms, total 41.0 ms``), ``tracekit.profile.tree``
   (the call tree, size-bounded), ``tracekit.profile.ms`` and ``tracekit.profile.samples``.
   The analyzer's findings name the hottest function, and the HTML report shows the tree.
