@@ -245,3 +245,29 @@ def test_summarize_bounds_and_leaves_out_waits_and_tracekit() -> None:
     assert big is not None and len(big.tree) <= pyinstrument.TREE_CHARS
     assert len(big.tree.splitlines()) <= pyinstrument.TREE_DEPTH
     assert pyinstrument.summarize(records[2:], start) is None  # only waits
+
+
+def test_a_profiled_loop_window_reaches_loop_saturated_the_report_and_the_html() -> None:
+    from tests.analysis.test_loop_view import _saturated
+    from tracekit.analysis.api import analyze_spans
+
+    spans = _saturated()
+    window = next(s for s in spans if s.name == semconv.LOOP_SPAN)
+    window.attributes.update({
+        semconv.PROFILE_HOT: "render_json (app/views.py:40) self 310.0 ms, total 420.0 ms",
+        semconv.PROFILE_TREE: "420.0 ms render_json (app/views.py:40)",
+        semconv.PROFILE_MS: 900.0, semconv.PROFILE_SAMPLES: 900,
+        semconv.PROFILE_REASON: "saturated: loop thread busy 95% of the last 1 s"})  # fmt: skip
+    report = analyze_spans(spans)
+    (f,) = [f for f in report.findings if f.rule == "loop-saturated"]
+    assert ("pyinstrument profiled the loop thread for a window (saturated: loop thread busy 95% "
+            "of the last 1 s; 900 ms sampled): most self time in render_json (app/views.py:40)"
+            ) in f.evidence
+    (loop,) = report.to_dict()["loop"]["loops"]
+    assert loop["profile"]["hot"].startswith("render_json (app/views.py:40)")
+    html = report.to_html()
+    assert "the loop thread&#x27;s call tree" in html or "the loop thread's call tree" in html
+    # without a profile: no such clause, no profile key
+    plain = analyze_spans(_saturated())
+    assert "pyinstrument" not in next(f for f in plain.findings if f.rule == "loop-saturated").evidence
+    assert "profile" not in plain.to_dict()["loop"]["loops"][0]

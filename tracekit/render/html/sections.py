@@ -11,7 +11,18 @@ from typing import Any
 
 from tracekit.analysis.rules.findings import SEVERITIES, severity_rank
 from tracekit.render.html.charts import breakdown_chart, projection_bars, waterfall
-from tracekit.render.html.util import clip, esc, fmt_int, fmt_ms, fmt_pct, fmt_rps, items, mapping, num
+from tracekit.render.html.util import (
+    clip,
+    esc,
+    fmt_int,
+    fmt_ms,
+    fmt_pct,
+    fmt_rps,
+    items,
+    mapping,
+    num,
+    profile_details,
+)
 
 _PCTS = ("p50", "p90", "p95", "p99")
 
@@ -228,16 +239,9 @@ def _stage_table(route: Mapping[str, Any]) -> str:
 def _profile(stage: Mapping[str, Any]) -> str:
     # A stage's pyinstrument call tree (tracekit.integrations.pyinstrument), when recorded.
     profile = mapping(stage.get("profile"))
-    tree = profile.get("tree")
-    if not isinstance(tree, str) or not tree:
-        return ""
-    return (
-        f'<details class="profile"><summary>{esc(clip(stage.get("stage"), 80))}: call tree '
-        f"(pyinstrument, the profiled call that sampled {fmt_ms(profile.get('sampled_ms'))} ms)"
-        "</summary><p>Hottest functions (self time):</p>"
-        f"<pre><code>{esc(clip(profile.get('hot'), 2000))}</code></pre><p>Call tree:</p>"
-        f"<pre><code>{esc(clip(tree, 4000))}</code></pre></details>"
-    )
+    title = (f"{esc(clip(stage.get('stage'), 80))}: call tree (pyinstrument, the profiled call "
+             f"that sampled {fmt_ms(profile.get('sampled_ms'))} ms)")  # fmt: skip
+    return profile_details(title, profile)
 
 
 def _yes_no(value: object) -> str:
