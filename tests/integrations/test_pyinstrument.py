@@ -208,7 +208,7 @@ def test_async_stage_and_block_and_errors(profiling: Any) -> None:
     guard_attrs = spans["guardrail"].attributes
     assert guard_attrs[semconv.PROFILE_HOT].startswith("_spin_async_helper ("), guard_attrs
     # ~30 ms of code sampled; the 50 ms sleep is not in it
-    assert 15 <= guard_attrs[semconv.PROFILE_MS] < 45
+    assert 15 <= guard_attrs[semconv.PROFILE_MS] < 60  # with the sleep it would be >= 80
     assert spans["serialize"].attributes[semconv.PROFILE_HOT].startswith("_spin_async_helper (")
     # the block's tree starts at the function the block runs in
     assert "main (tests/integrations/test_pyinstrument.py:" in spans["serialize"].attributes[
