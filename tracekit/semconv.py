@@ -64,6 +64,27 @@ EVENT_BLOCKED: Final = "tracekit.blocked"
 EVENT_STACK: Final = "tracekit.stack"  # attribute of EVENT_BLOCKED: innermost frames, one per line
 EVENT_BLOCKED_MS: Final = "tracekit.blocked_ms"  # attribute: how long the slice had held the loop
 
+# Where a sampled stage call (or a busy loop window) spent its time, from pyinstrument
+# (tracekit.integrations.pyinstrument; docs/attributes.md, "Profiles"). On a stage span or
+# a tracekit.loop window span.
+# The hottest functions, one a line: "fn (file:line) self X ms, total Y ms".
+PROFILE_HOT: Final = "tracekit.profile.hot"
+PROFILE_TREE: Final = "tracekit.profile.tree"  # the call tree, one frame a line, indented by depth
+PROFILE_MS: Final = "tracekit.profile.ms"  # sampled time in the code, awaits excluded
+PROFILE_SAMPLES: Final = "tracekit.profile.samples"
+PROFILE_REASON: Final = "tracekit.profile.reason"  # loop windows: why it was profiled
+
+# An in-process torch model (tracekit.integrations.torch; docs/attributes.md, "torch"), on
+# the stage span that ran it: summed over its forward calls in the stage.
+TORCH_MODULE: Final = "tracekit.torch.module"  # the module's class name
+TORCH_DEVICE: Final = "tracekit.torch.device"  # its parameters' device: "cuda:0", "cpu"
+TORCH_DTYPE: Final = "tracekit.torch.dtype"  # its floating-point parameters' dtype: "float32"
+TORCH_PARAM_BYTES: Final = "tracekit.torch.param_bytes"  # bytes of its parameters and buffers
+TORCH_CALLS: Final = "tracekit.torch.calls"  # forward calls
+TORCH_DEVICE_MS: Final = "tracekit.torch.device_ms"  # GPU time between CUDA events around forward
+TORCH_LAUNCH_MS: Final = "tracekit.torch.launch_ms"  # host CPU time inside forward (launching kernels)
+TORCH_SYNC_MS: Final = "tracekit.torch.sync_ms"  # wall time blocked waiting for the device
+
 # --- request span (SERVER) ----------------------------------------------------------------
 MODEL_WAIT_MS: Final = "tracekit.model_wait_ms"
 IO_WAIT_MS: Final = "tracekit.io_wait_ms"

@@ -38,18 +38,46 @@ import sys
 import threading
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from tracekit import semconv
 from tracekit._core import stage_timing
 from tracekit._core.driver import Stepped
 from tracekit._core.failsafe import internal_error
 from tracekit._core.generator_stages import StagedAsyncGenerator, StagedGenerator
-from tracekit._core.ledger import Site
+from tracekit._core.ledger import Ledger, Site
 from tracekit._core.stage_timing import NO_STEP
 from tracekit.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Probe(Protocol):
+    """Looks inside recorded stage calls (:mod:`tracekit.integrations.pyinstrument`).
+
+    ``begin`` runs as a recorded sync call, async call or block begins, inside its ledger;
+    what it returns (None: not this one) is handed to ``end``, which runs before the ledger
+    closes, so attributes it sets reach the span. Neither may raise.
+    """
+
+    def begin(self, led: Ledger) -> object | None:
+        """Start looking at this call, or return None."""
+        ...
+
+    def end(self, led: Ledger, token: object) -> None:
+        """Stop looking; ``token`` is what :meth:`begin` returned."""
+        ...
+
+
+#: The installed probe (None: none, the default); read once per recorded stage call.
+_probe: Probe | None = None
+
+
+def set_probe(probe: Probe | None) -> Probe | None:
+    """Install ``probe`` (None removes it); returns the one it replaces."""
+    global _probe
+    previous, _probe = _probe, probe
+    return previous
 
 _KINDS = frozenset(semconv.STAGE_KINDS)
 
@@ -101,8 +129,11 @@ class Stage:
     def __enter__(self) -> Stage:
         try:
             opened = stage_timing.enter(self._site, True)
-            entry: list[Any] = [opened, None]
+            entry: list[Any] = [opened, None, None]
             entry[1] = self._blocks.set(entry)
+            probe = _probe
+            if probe is not None and opened is not None:
+                entry[2] = probe.begin(opened[0])
         except Exception:
             internal_error("block enter")
         return self
@@ -112,10 +143,12 @@ class Stage:
             entry = self._blocks.get()
             if entry is None:
                 return
-            opened, token = entry
+            opened, token, looking = entry
             self._blocks.reset(token)
             if opened is not None:
                 led, outer = opened
+                if looking is not None and _probe is not None:
+                    _probe.end(led, looking)
                 stage_timing.leave(led, outer, exc)
         except Exception:
             internal_error("block exit")
@@ -160,11 +193,17 @@ def _wrap_sync(fn: F, site: Site) -> F:
             led = call_begin(site)
             if led is None:
                 return fn(*args, **kwargs)
+            probe = _probe
+            looking = probe.begin(led) if probe is not None else None
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
+                if looking is not None:
+                    probe.end(led, looking)  # type: ignore[union-attr]
                 call_end(led, exc)
                 raise
+            if looking is not None:
+                probe.end(led, looking)  # type: ignore[union-attr]
             if count_tokens:
                 call_end_counting(led, result)
             else:
@@ -189,14 +228,20 @@ def _wrap_async(fn: F, site: Site) -> F:
         if opened is None:
             return await fn(*args, **kwargs)
         led, outer = opened
+        probe = _probe
+        looking = probe.begin(led) if probe is not None else None
         try:
             if outer is NO_STEP:  # its task is not driven: drive it here
                 result = await Stepped(fn(*args, **kwargs), led)
             else:
                 result = await fn(*args, **kwargs)
         except BaseException as exc:
+            if looking is not None:
+                probe.end(led, looking)  # type: ignore[union-attr]
             leave(led, outer, exc)
             raise
+        if looking is not None:
+            probe.end(led, looking)  # type: ignore[union-attr]
         leave(led, outer, None)
         return result
 

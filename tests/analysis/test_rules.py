@@ -265,6 +265,7 @@ def test_default_rules_have_one_instance_per_rule_id() -> None:
         "loop-saturated",
         "gc-pauses",
         "background-on-loop",
+        "fp32-weights",
     ]
 
 

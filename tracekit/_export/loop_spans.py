@@ -10,6 +10,7 @@ exports nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -17,6 +18,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from tracekit import semconv
 from tracekit._core import clock
+from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import MS
 from tracekit._core.loop_view import LoopView
 from tracekit._core.request_record import new_span_id, new_trace_id
@@ -25,6 +27,11 @@ from tracekit._percentile import percentile
 
 MIN_BUSY: Final = 0.05
 _OK: Final = Status(StatusCode.UNSET)
+
+#: More attributes for a window span, from integrations (tracekit.integrations.pyinstrument's
+#: loop profiles): each is called with the loop and the window's start and end (wall ns of
+#: tracekit's clock) on the span-building thread, and returns attributes or None.
+window_extras: list[Callable[[Any, int, int], dict[str, Any] | None]] = []
 
 
 def window_attributes(window: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +73,14 @@ def build(view: LoopView, resource: Any, scope: Any) -> ReadableSpan | None:
     if not window["requests"] and not window["inflight"] and (
             window["thread_cpu"] < MIN_BUSY * wall or not view.loop.is_running()):  # fmt: skip
         return None
+    attrs = window_attributes(window)
+    for extra in window_extras:
+        try:
+            attrs.update(extra(view.loop, window["start"], window["end"]) or {})
+        except Exception:
+            internal_error("loop window extra attributes")
     offset = clock.epoch_ns(0)
     context = sdk.span_context(new_trace_id(), new_span_id(), None)
-    return sdk.readable_span(semconv.LOOP_SPAN, context, None, resource, window_attributes(window),
+    return sdk.readable_span(semconv.LOOP_SPAN, context, None, resource, attrs,
                              (), SpanKind.INTERNAL, _OK, window["start"] + offset,
                              window["end"] + offset, scope)  # fmt: skip

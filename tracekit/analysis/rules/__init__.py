@@ -19,6 +19,7 @@ from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop
 from tracekit.analysis.rules.findings import Finding, RuleContext, finding_order
 from tracekit.analysis.rules.folding import fold_symptoms
+from tracekit.analysis.rules.fp32_weights import Fp32Weights
 from tracekit.analysis.rules.gc_pauses import GcPauses
 from tracekit.analysis.rules.loop_saturated import LoopSaturated
 from tracekit.analysis.rules.sequential_independent import SequentialIndependent
@@ -46,6 +47,7 @@ DEFAULT_RULES: list[Rule] = [
     LoopSaturated(),
     GcPauses(),
     BackgroundOnLoop(),
+    Fp32Weights(),
 ]
 
 
@@ -85,6 +87,7 @@ __all__ = [
     "BackgroundOnLoop",
     "BlockingCallOnLoop",
     "CpuOnLoop",
+    "Fp32Weights",
     "GcPauses",
     "LoopSaturated",
     "Rule",

@@ -93,6 +93,7 @@ class BlockingCallOnLoop(LoopUsageRule):
             f"{ms(percentile([u.cpu_ms for u in uses], 0.5))} of CPU: a blocking call{at}; "
             f"other requests waited {ms(index.blame_ms_per_second(service, route, name))} per "
             f"second for the loop ({ms(blame)} per request){victim_note(victim, route)}"
+            f"{code.profile_note()}"
         )
         return finding(
             rule=self.id,

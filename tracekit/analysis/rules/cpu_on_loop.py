@@ -147,7 +147,7 @@ class CpuOnLoop(LoopUsageRule):
             f"{name_of(name)} ran {ms(percentile(cpu, 0.5))} of CPU on the event loop per "
             f"request (p95 {ms(cpu95)}, longest slice {ms(max(u.max_slice_ms for u in uses))}); "
             f"other requests waited {ms(per_second)} per second for the loop while it ran "
-            f"({ms(blame)} per request){victim_note(victim, route)}"
+            f"({ms(blame)} per request){victim_note(victim, route)}{code.profile_note()}"
         )
         return finding(
             rule=self.id,

@@ -44,6 +44,7 @@ from tracekit.analysis.rules.loop_load import (
     utilisation_factor,
 )
 from tracekit.analysis.rules.stage_code import StageCode
+from tracekit.analysis.stats.loop_windows import larger_profile
 
 #: Median window busy ratio from which the loop is saturated: at 85% busy an M/M/1 queue
 #: waits 5.7 service times per visit, and a burst leaves no headroom at all.
@@ -185,6 +186,14 @@ class LoopSaturated:
         )
         if folded:
             evidence.append(f"{', '.join(folded)}: see cpu-on-loop")
+        profile = None
+        for window in load.windows:
+            profile = larger_profile(profile, window.profile)
+        if profile is not None:
+            evidence.append(
+                f"pyinstrument profiled the loop thread for a window ({profile[3] or 'busy'}; "
+                f"{profile[0]:.0f} ms sampled): most self time in {profile[1].splitlines()[0]}"
+            )
         title, code = loop_fixes.more_workers(workers, now, rho, rho_after)
         if projection is not None:
             code += (
@@ -253,7 +262,10 @@ class LoopSaturated:
             text = (
                 f"# {name_of(name)} ({route}): {ms(cpu[(route, name)] / n)} per request, {share:.0%} of "
                 f"the requests' loop CPU -> {' '.join(fix_title.split())}{gain}\n"
-            ) + "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
+            )
+            if code.hot:
+                text += f"#     pyinstrument: most self time in {code.hot.splitlines()[0]}\n"
+            text += "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
             lines.append((name_of(name), text))
         return lines
 

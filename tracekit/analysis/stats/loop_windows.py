@@ -82,6 +82,9 @@ class LoopWindow(Struct, array_like=True):
     probes: int
     inflight: int | None
     tasks: int | None
+    #: A pyinstrument profile of the window (tracekit.integrations.pyinstrument), taken
+    #: after a saturated or blocked one: ``(sampled ms, hot, tree, reason)``.
+    profile: tuple[float, str, str, str] | None = None
 
     @property
     def wall_ms(self) -> float:
@@ -130,14 +133,32 @@ def window_of(span: Span) -> LoopWindow | None:
         _count(a.get(semconv.LOOP_PROBES)) or 0,
         _count(a.get(semconv.LOOP_INFLIGHT)),
         _count(a.get(semconv.LOOP_TASKS)),
+        _profile(a),
     )  # fmt: skip
+
+
+def _profile(a: dict[str, Any]) -> tuple[float, str, str, str] | None:
+    ms = ms_value(a.get(semconv.PROFILE_MS))
+    hot, tree = a.get(semconv.PROFILE_HOT), a.get(semconv.PROFILE_TREE)
+    if ms is None or not isinstance(hot, str) or not isinstance(tree, str):
+        return None
+    reason = a.get(semconv.PROFILE_REASON)
+    return ms, hot, tree, reason if isinstance(reason, str) else ""
+
+
+def larger_profile(a: tuple[float, str, str, str] | None,
+                   b: tuple[float, str, str, str] | None) -> tuple[float, str, str, str] | None:  # fmt: skip
+    """The profile that sampled more (the smaller text on a tie: order-independent)."""
+    if a is None or b is None:
+        return a or b
+    return min(a, b, key=lambda p: (-p[0], p[1:]))
 
 
 class LoopStats:
     """The counters and percentiles of one loop (see the module docstring)."""
 
     __slots__ = ("busy", "first_ns", "gc_counts", "gc_max_generation", "gc_max_ms", "inflight_max",
-                 "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "service",
+                 "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "profile", "service",
                  "tasks_max", "thread", "windows")  # fmt: skip
 
     #: The integer sums of ``ns``, in this order.
@@ -160,6 +181,7 @@ class LoopStats:
         self.inflight_max: int | None = None
         self.first_ns: int | None = None
         self.last_ns: int | None = None
+        self.profile: tuple[float, str, str, str] | None = None
 
     def add(self, w: LoopWindow) -> None:
         """Count one window."""
@@ -184,6 +206,8 @@ class LoopStats:
         self.tasks_max = _max(self.tasks_max, w.tasks)
         self.inflight_max = _max(self.inflight_max, w.inflight)
         self._span(w.start_ns, w.end_ns)
+        if w.profile is not None:
+            self.profile = larger_profile(self.profile, w.profile)
 
     def _pause(self, ms: float, generation: int | None) -> None:
         # The longest pause; on a tie the older generation (a deterministic choice).
@@ -216,6 +240,7 @@ class LoopStats:
         self.tasks_max = _max(self.tasks_max, other.tasks_max)
         self.inflight_max = _max(self.inflight_max, other.inflight_max)
         self._span(other.first_ns, other.last_ns)
+        self.profile = larger_profile(self.profile, other.profile)
 
     def ms(self, name: str) -> float:
         """One of :attr:`SUMS` in ms."""
@@ -232,7 +257,7 @@ class LoopStats:
         if self.lag_p50.count or self.lag_p95.count or self.lag_max_ms is not None:
             lag = {"p50": self.lag_p50.quantile(0.5), "p95": self.lag_p95.quantile(0.95),
                    "max": self.lag_max_ms}  # fmt: skip
-        return {
+        out: dict[str, Any] = {
             "service": self.service,
             "thread": self.thread,
             "processes": processes,
@@ -254,6 +279,10 @@ class LoopStats:
             "tasks_max": self.tasks_max,
             "inflight_max": self.inflight_max,
         }
+        if self.profile is not None:  # only then: reports without profiles keep their form
+            ms, hot, tree, reason = self.profile
+            out["profile"] = {"sampled_ms": ms, "hot": hot, "tree": tree, "reason": reason}
+        return out
 
 
 class LoopWindows:

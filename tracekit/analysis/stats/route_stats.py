@@ -134,6 +134,9 @@ class StageStats:
     first_start: int = _NEVER
     first_index: int = 0
     rows: list[tuple[Any, ...]] = field(default_factory=list)
+    #: The pyinstrument profile (tracekit.integrations.pyinstrument) that sampled the most
+    #: time: ``(ms, hot, tree)``.
+    profile: tuple[float, str, str] | None = None
 
     @property
     def first(self) -> tuple[int, int]:
@@ -143,6 +146,8 @@ class StageStats:
     def add(self, stage: StageRecord) -> None:
         """Record one instance of the stage. Cost: one row built in C."""
         self.rows.append(_STAGE_ROW(stage))
+        if semconv.PROFILE_TREE in stage.attributes:
+            self._profiled(stage.attributes)
         if len(self.rows) >= _BATCH:
             self.fold()
 
@@ -189,6 +194,18 @@ class StageStats:
             self.blocked_ms = block
             self.blocked_at = where
 
+    def _profiled(self, attributes: dict[str, Any]) -> None:
+        ms, hot, tree = (attributes.get(semconv.PROFILE_MS), attributes.get(semconv.PROFILE_HOT),
+                         attributes.get(semconv.PROFILE_TREE))  # fmt: skip
+        if isinstance(ms, (int, float)) and isinstance(hot, str) and isinstance(tree, str):
+            self._keep_profile((float(ms), hot, tree))
+
+    def _keep_profile(self, profile: tuple[float, str, str] | None) -> None:
+        # The largest; the smaller text on a tie (independent of the order instances come in).
+        if profile is not None and (self.profile is None or (-profile[0], profile[1:]) < (
+                -self.profile[0], self.profile[1:])):  # fmt: skip
+            self.profile = profile
+
     def _function(self, function: str | None) -> None:
         # One function per stage name as a rule; when there are several, the smallest name.
         if function is not None and (self.function is None or function < self.function):
@@ -212,6 +229,7 @@ class StageStats:
         if other.blocked_ms is not None and other.blocked_at is not None:
             self._located(other.blocked_ms, other.blocked_at)
         self._function(other.function)
+        self._keep_profile(other.profile)
         self.earliest(other.first_start, other.first_index, other.kind)
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,7 +239,7 @@ class StageStats:
         if self.on_loop_known:
             # Majority vote: a stage that usually runs on the loop is an on-loop stage.
             on_loop = 2 * self.on_loop_true >= self.on_loop_known
-        return {
+        out = {
             "stage": self.stage,
             "kind": self.kind,
             "count": self.count,
@@ -234,6 +252,10 @@ class StageStats:
             "blocked_at": self.blocked_at,
             "function": self.function,
         }
+        if self.profile is not None:  # only then: reports without profiles keep their form
+            out["profile"] = {"sampled_ms": self.profile[0], "hot": self.profile[1],
+                              "tree": self.profile[2]}  # fmt: skip
+        return out
 
 
 @dataclass(slots=True)
@@ -275,6 +297,8 @@ class RouteStats:
             row = _STAGE_ROW(stage)
             stats.rows.append(row)
             own_rows.append(row)
+            if semconv.PROFILE_TREE in stage.attributes:
+                stats._profiled(stage.attributes)
             if start <= stats.first_start:
                 stats.earliest(start, req.stages.index(stage), stage.kind)
         if req.instrumented:

@@ -7,7 +7,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tracekit.render.html.util import clip, esc, fmt_int, fmt_ms, fmt_pct, items, mapping
+from tracekit.render.html.util import (
+    clip,
+    esc,
+    fmt_int,
+    fmt_ms,
+    fmt_pct,
+    items,
+    mapping,
+    profile_details,
+)
 
 
 def loop_section(loop: object) -> str:
@@ -23,6 +32,7 @@ def loop_section(loop: object) -> str:
             "<th>GC collections (0/1/2)</th><th>longest pause</th><th>lag p50</th><th>p95</th>"
             "<th>max</th><th>tasks</th></tr>")  # fmt: skip
     rows = [_row(one) for one in items(loop.get("loops"))]
+    profiles = "".join(_profile(one) for one in items(loop.get("loops")))
     routes = "".join(
         f'<li><span class="route">{esc(clip(r.get("route"), 200))}</span>: '
         f"{fmt_pct(r.get('loop_cpu_share'))} of {esc(clip(r.get('service'), 80))}'s loop CPU "
@@ -35,7 +45,7 @@ def loop_section(loop: object) -> str:
         "garbage collection, tracekit, and background work no request owns), GC pauses and "
         "the lag of work made ready (ms).</p>"
         f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
-        f"</table></div>{f'<ul>{routes}</ul>' if routes else ''}</section>"
+        f"</table></div>{f'<ul>{routes}</ul>' if routes else ''}{profiles}</section>"
     )
 
 
@@ -58,3 +68,12 @@ def _row(one: Mapping[str, Any]) -> str:
         f"<td>{fmt_int(one.get('tasks_max'))}</td>",
     ]
     return f"<tr>{''.join(cells)}</tr>"
+
+
+def _profile(one: Mapping[str, Any]) -> str:
+    # The loop's largest pyinstrument window profile (tracekit.integrations.pyinstrument).
+    profile = mapping(one.get("profile"))
+    title = (f"{esc(clip(one.get('service'), 80))} / {esc(clip(one.get('thread'), 80))}: the loop "
+             f"thread's call tree (pyinstrument, {fmt_ms(profile.get('sampled_ms'))} ms sampled; "
+             f"{esc(clip(profile.get('reason'), 200))})")  # fmt: skip
+    return profile_details(title, profile)

@@ -11,7 +11,18 @@ from typing import Any
 
 from tracekit.analysis.rules.findings import SEVERITIES, severity_rank
 from tracekit.render.html.charts import breakdown_chart, projection_bars, waterfall
-from tracekit.render.html.util import clip, esc, fmt_int, fmt_ms, fmt_pct, fmt_rps, items, mapping, num
+from tracekit.render.html.util import (
+    clip,
+    esc,
+    fmt_int,
+    fmt_ms,
+    fmt_pct,
+    fmt_rps,
+    items,
+    mapping,
+    num,
+    profile_details,
+)
 
 _PCTS = ("p50", "p90", "p95", "p99")
 
@@ -221,7 +232,16 @@ def _stage_table(route: Mapping[str, Any]) -> str:
     return (
         f'<h3>{esc(clip(route.get("route"), 200))}</h3><div class="tablewrap"><table>'
         f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
+        + "".join(_profile(s) for s in items(route.get("stages")))
     )
+
+
+def _profile(stage: Mapping[str, Any]) -> str:
+    # A stage's pyinstrument call tree (tracekit.integrations.pyinstrument), when recorded.
+    profile = mapping(stage.get("profile"))
+    title = (f"{esc(clip(stage.get('stage'), 80))}: call tree (pyinstrument, the profiled call "
+             f"that sampled {fmt_ms(profile.get('sampled_ms'))} ms)")  # fmt: skip
+    return profile_details(title, profile)
 
 
 def _yes_no(value: object) -> str:

@@ -193,3 +193,22 @@ def merge_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, f
         else:
             merged.append((start, end))
     return merged
+
+
+def profile_details(title: str, profile: Mapping[str, Any]) -> str:
+    """A collapsible pyinstrument profile (``{hot, tree}``: tracekit.integrations.pyinstrument),
+    or ``""`` when it has no tree.
+
+    Args:
+        title: the summary line, already HTML.
+        profile: the report's ``profile`` object of a stage or a loop.
+    """
+    tree = profile.get("tree")
+    if not isinstance(tree, str) or not tree:
+        return ""
+    return (
+        f'<details class="profile"><summary>{title}</summary>'
+        "<p>Hottest functions (self time):</p>"
+        f"<pre><code>{esc(clip(profile.get('hot'), 2000))}</code></pre><p>Call tree:</p>"
+        f"<pre><code>{esc(clip(tree, 4000))}</code></pre></details>"
+    )
