@@ -31,11 +31,12 @@ class Collector:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.lock = threading.Lock()
 
-    def spans(self) -> list[tuple[str, Any]]:
-        """``(service.name, span)`` of every span received so far."""
+    def spans(self, since: int = 0) -> list[tuple[str, Any]]:
+        """``(service.name, span)`` of every span received so far (from the ``since``-th
+        export call on)."""
         out: list[tuple[str, Any]] = []
         with self.lock:
-            requests = list(self.requests)
+            requests = list(self.requests[since:])
         for message in requests:
             for rs in message.resource_spans:
                 attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
@@ -43,19 +44,21 @@ class Collector:
                 out.extend((service, span) for ss in rs.scope_spans for span in ss.spans)
         return out
 
-    def wait_for(self, name: str, count: int, timeout: float = 20.0) -> list[Any]:
-        """The spans named ``name`` once ``count`` of them arrived (fewer at the timeout)."""
+    def wait_for(self, name: str, count: int, timeout: float = 20.0, since: int = 0) -> list[Any]:
+        """The spans named ``name`` (in export calls from the ``since``-th on) once ``count``
+        of them arrived (fewer at the timeout)."""
         deadline = time.monotonic() + timeout
         while True:
-            found = [span for _, span in self.spans() if span.name == name]
+            found = [span for _, span in self.spans(since) if span.name == name]
             if len(found) >= count or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
 
-    def write_jsonl(self, path: Path) -> Path:
-        """Everything received as OTLP JSON Lines: hex ids, integer enums, as OTLP/JSON says."""
+    def write_jsonl(self, path: Path, since: int = 0) -> Path:
+        """What was received (from the ``since``-th export call on) as OTLP JSON Lines: hex
+        ids, integer enums, as OTLP/JSON says."""
         with self.lock:
-            requests = list(self.requests)
+            requests = list(self.requests[since:])
         with path.open("w") as f:
             for message in requests:
                 data = MessageToDict(message, use_integers_for_enums=True)
