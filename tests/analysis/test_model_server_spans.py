@@ -200,3 +200,16 @@ def test_the_queue_growing_with_calls_in_flight_is_in_the_evidence() -> None:
     (finding,) = _serialized(spans)
     assert "its queue grew with the calls in flight: 0.00 ms with 0-1 others in flight, 250 ms with 2-3" \
         in str(finding["evidence"])
+
+
+def test_a_lock_in_the_gateway_is_still_found_when_the_server_never_queued() -> None:
+    # The gateway lets one call out at a time (the stages never overlap; each request was
+    # ready at its start): the server's spans say it never queued, so the wait was before
+    # the stage, in the gateway: the FIFO reading's finding, with its fix, still stands.
+    spans: list[Span] = []
+    for i in range(8):
+        start, end = 10 + 100 * i, 10 + 100 * (i + 1)
+        spans += gateway_trace(i * 0.01, end + 3, (start, end), {"queue": 0.0, "prefill": 20, "decode": 78})
+    (finding,) = _serialized(spans)
+    assert "before each stage started" in str(finding["evidence"])
+    assert "AsyncOpenAI" in str(finding["fix"])

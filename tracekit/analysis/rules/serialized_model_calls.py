@@ -94,13 +94,18 @@ class SerializedModelCalls:
         for service, name in sorted(keys):
             calls = model_calls(requests, service, name)
             served = [c for c in calls if c.stage.server is not None]
-            if len(served) >= self.min_calls and 2 * len(served) >= len(calls):
-                out.extend(self._server_findings(name, served, routes, requests, ctx))
-                continue
+            server_said = len(served) >= self.min_calls and 2 * len(served) >= len(calls)
+            if server_said:
+                found = self._server_findings(name, served, routes, requests, ctx)
+                if found:
+                    out.extend(found)
+                    continue
             verdict = self._serialized(calls)
             if verdict is None:
                 continue
             uncontended_ms, outside = verdict
+            if server_said and not outside:
+                continue  # waited inside the stage, but not in the server's queue: it said so
             for route in sorted({requests[c.index].route for c in calls}):
                 if route not in routes:
                     continue
@@ -207,7 +212,6 @@ class SerializedModelCalls:
             folded=folded,
         )
 
-
     def _server_findings(
         self,
         name: str,
@@ -270,8 +274,10 @@ def _most_running(timings: list[ServerTiming]) -> int:
     left out), on the server's own clock."""
     edges: list[tuple[float, int]] = []
     for t in timings:
+        # The span ends a little after the last token (output processing): an end within
+        # 1 ms after the next call's start is not an overlap.
         end = t.end_ns / _MS
-        edges += [(end - t.prefill_ms - t.decode_ms, 1), (end, -1)]
+        edges += [(end - t.prefill_ms - t.decode_ms, 1), (end - _CONTENDED_NS / _MS, -1)]
     edges.sort()  # an end before a start at the same instant
     running = most = 0
     for _, step in edges:
