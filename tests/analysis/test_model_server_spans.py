@@ -13,6 +13,7 @@ from tracekit import semconv as sc
 from tracekit.analysis.api import analyze_spans
 from tracekit.analysis.assembly.grouping import assemble, requests_of_trace
 from tracekit.analysis.model import ServerTiming, Span, StageRecord, model_wait_split
+from tracekit.render.html import render_html
 from tracekit.render.text import render_text
 
 MS = 1_000_000
@@ -154,6 +155,9 @@ def test_the_report_splits_model_wait_into_network_queue_prefill_decode() -> Non
     assert parts == pytest.approx(route["breakdown_ms"]["model_wait"])
     text = render_text(report, width=120, color=False, unicode=False)
     assert "model wait    network 2.00" in text and "queue 350" in text
+    html = render_html(report)
+    assert "<h3>Model wait, from the model server's spans</h3>" in html
+    assert "<td>8</td><td>2.00</td><td>350</td><td>20.0</td><td>80.0</td>" in html
 
 
 def test_a_report_without_server_spans_keeps_its_keys() -> None:
