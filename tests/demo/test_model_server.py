@@ -26,7 +26,7 @@ import tracekit
 from tests.loop.proxy import ModelServer
 from tracekit import semconv as sc
 from tracekit._core import current
-from tracekit.demo.model_server import DEFAULT_MAX_NUM_SEQS, parse_args
+from tracekit.demo.model_server import DEFAULT_MAX_NUM_SEQS, Engine, Tracing, make_app, parse_args
 
 from .otlp_collector import Collector, collector
 
@@ -202,3 +202,48 @@ def test_the_analyzer_splits_a_gateways_model_wait_with_the_servers_spans(
     (finding,) = [f for f in report["findings"] if f["rule"] == "serialized-model-calls"]
     assert "gen_ai.latency.time_in_queue" in finding["evidence"]
     assert "one sequence at a time" in finding["evidence"]
+
+
+def test_the_engine_admits_first_come_first_served_and_frees_a_cancelled_waiters_slot() -> None:
+    async def run() -> None:
+        engine = Engine(prefill_ms=1, decode_ms=4, max_num_seqs=2, batch_cost=0.5)
+        order: list[int] = []
+
+        async def request(i: int) -> None:
+            await engine.admit()
+            order.append(i)
+
+        await engine.admit()
+        await engine.admit()
+        assert engine.step_s() == pytest.approx(0.004 * 1.5)  # two running: 1 + 0.5 x 1
+        waiting = [asyncio.create_task(request(i)) for i in range(3)]
+        await asyncio.sleep(0)
+        waiting[0].cancel()  # a client that went away while queued
+        await asyncio.sleep(0)
+        engine.release()
+        engine.release()
+        await asyncio.gather(*waiting[1:])
+        assert order == [1, 2] and engine.running == 2 and not engine.waiting
+
+    asyncio.run(run())
+
+
+def test_a_streamed_reply_ends_with_its_span_and_no_traceparent_starts_a_trace(otlp: Collector) -> None:
+    tracing = Tracing(f"{otlp.url}/v1/traces")
+    app = make_app(prefill_ms=1, decode_ms=1, max_num_seqs=4, tracing=tracing)
+
+    async def run() -> list[str]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://model") as client:
+            body = {"messages": [{"role": "user", "content": "a b c"}], "max_tokens": 3, "stream": True}
+            response = await client.post("/v1/chat/completions", json=body)
+            return [line for line in response.text.splitlines() if line.startswith("data: ")]
+
+    lines = asyncio.run(run())
+    tracing.shutdown()
+    assert len(lines) == 4 and lines[-1] == "data: [DONE]"
+    (span,) = otlp.wait_for(sc.VLLM_REQUEST_SPAN, 1)
+    attrs = _attrs(span)
+    assert span.parent_span_id == b"" and span.kind == SERVER  # a root: nobody sent a traceparent
+    assert attrs[sc.VLLM_USAGE_PROMPT_TOKENS] == 3 and attrs[sc.VLLM_USAGE_COMPLETION_TOKENS] == 3
+    assert attrs[sc.VLLM_REQUEST_ID] == "cmpl-1" and attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] == 3
