@@ -185,6 +185,7 @@ def test_a_server_running_a_few_at_once_is_caught_by_its_queue() -> None:
     spans = burst(2)
     (finding,) = _serialized(spans)
     assert "at most 2 sequences at once" in str(finding["evidence"])
+    assert "ran at most 2 sequences at once and queued the rest" in str(finding["fix"])
     assert _serialized([s for s in spans if s.name != sc.VLLM_REQUEST_SPAN]) == []
 
 

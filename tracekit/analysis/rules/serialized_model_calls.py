@@ -254,7 +254,7 @@ class SerializedModelCalls:
                     impact_ms=sum(queues) / len(queues),
                     route_p50_ms=p50_latency(routes[route]),
                     evidence=evidence,
-                    fix=fixes.batching_server(name, function),
+                    fix=fixes.batching_server(name, function, at_once),
                     requests=requests,
                     ctx=ctx,
                     model=Fix("model_overlap", route, name, queue="inside"),
