@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,13 @@ from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
 import tracekit  # noqa: E402
+from tests.analysis.test_model_server_spans import gateway_trace  # noqa: E402
 from tests.conftest import Server  # noqa: E402
 from tests.demo.otlp_collector import Collector, collector  # noqa: E402
 from tests.loop.proxy import ModelServer  # noqa: E402
 from tracekit import semconv as sc  # noqa: E402
 from tracekit._core import current  # noqa: E402
+from tracekit.analysis.assembly.grouping import assemble  # noqa: E402
 
 SETTINGS = {
     "one at a time (--serial)": ["--serial"],
@@ -106,14 +109,35 @@ def measure(otlp: Collector, args: list[str], requests: int, concurrency: int, p
     }
 
 
+def assembly_cost(requests: int = 20_000) -> dict[str, float]:
+    """Assembly's time per request (us), with and without a model server's span each."""
+    spans = []
+    for i in range(requests):
+        spans += gateway_trace(i * 50.0, 130, (10, 120), {"queue": 5, "prefill": 20, "decode": 70})
+    without = [s for s in spans if s.name != sc.VLLM_REQUEST_SPAN]
+
+    def once(these: list[Any]) -> float:
+        start = time.perf_counter()
+        assert sum(1 for _ in assemble(these)) == requests
+        return (time.perf_counter() - start) * 1e6 / requests
+
+    runs: dict[str, list[float]] = {"without_us": [], "with_us": []}
+    for _ in range(9):  # interleaved, best of each: a shared host's noise hits both alike
+        runs["without_us"].append(once(without))
+        runs["with_us"].append(once(spans))
+    return {key: min(values) for key, values in runs.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="a folder to keep the collected OTLP JSON Lines in")
     options = parser.parse_args()
     results = {}
-    with tempfile.TemporaryDirectory() as folder, collector() as otlp:
+    with tempfile.TemporaryDirectory() as scratch, collector() as otlp:
+        folder = options.keep or Path(scratch)
         # Both processes export to the one collector; each setting's spans are written apart.
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "100"
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp.url
@@ -132,6 +156,9 @@ def main() -> None:
                 print(f"  projected p50 {projection['p50_ms']}, p95 {projection['p95_ms']}")
             elif result["projection_note"]:
                 print(f"  no projection: {result['projection_note']}")
+    results["assembly"] = cost = assembly_cost()
+    print(f"assembly: {cost['without_us']:.1f} us per request without the server's span, "
+          f"{cost['with_us']:.1f} us with it (+{cost['with_us'] - cost['without_us']:.1f} us)")
     if options.json:
         options.json.write_text(json.dumps(results, indent=2))
 
