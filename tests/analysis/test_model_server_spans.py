@@ -6,9 +6,12 @@ time as its evidence (issue 15, item 3)."""
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
+import tracekit
 from tracekit import semconv as sc
 from tracekit.analysis.api import analyze_spans
 from tracekit.analysis.assembly.grouping import assemble, requests_of_trace
@@ -218,3 +221,40 @@ def test_a_lock_in_the_gateway_is_still_found_when_the_server_never_queued() -> 
     (finding,) = _serialized(spans)
     assert "before each stage started" in str(finding["evidence"])
     assert "AsyncOpenAI" in str(finding["fix"])
+
+
+def _jaeger(spans: list[Span]) -> dict[str, object]:
+    """The spans as Jaeger's query API returns them: one trace per trace id, a process per
+    service, tags typed, microseconds, ids without leading zeros."""
+    traces: dict[str, list[Span]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+
+    def tag(key: str, value: object) -> dict[str, object]:
+        kind = {bool: "bool", int: "int64", float: "float64"}.get(type(value), "string")
+        return {"key": key, "type": kind, "value": value}
+
+    data = []
+    for trace_id, members in traces.items():
+        processes = {f"p{i}": {"serviceName": s, "tags": []}
+                     for i, s in enumerate(sorted({m.service for m in members}))}  # fmt: skip
+        by_service = {p["serviceName"]: key for key, p in processes.items()}
+        data.append({"traceID": trace_id.lstrip("0"), "processes": processes, "spans": [{
+            "traceID": trace_id.lstrip("0"), "spanID": s.span_id.lstrip("0"),
+            "operationName": s.name, "startTime": s.start_ns // 1000,
+            "duration": (s.end_ns - s.start_ns) // 1000, "processID": by_service[s.service],
+            "references": [] if s.parent_id is None else [
+                {"refType": "CHILD_OF", "traceID": trace_id.lstrip("0"), "spanID": s.parent_id.lstrip("0")}],
+            "tags": [tag("span.kind", s.kind), *(tag(k, v) for k, v in s.attributes.items())],
+        } for s in members]})  # fmt: skip
+    return {"data": data}
+
+
+def test_from_jaeger_the_servers_spans_join_as_well(tmp_path: Path) -> None:
+    # Jaeger is where both processes' spans meet at scale (docs/integrations.md, "vLLM").
+    path = tmp_path / "jaeger.json"
+    path.write_text(json.dumps(_jaeger(burst(1))))
+    report = tracekit.analyze(str(path)).to_dict()
+    (route,) = report["routes"]
+    assert route["model_wait_split_ms"]["queue"] == pytest.approx(350, abs=0.01)
+    assert [f["rule"] for f in report["findings"]] == ["serialized-model-calls"]
