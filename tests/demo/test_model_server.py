@@ -26,7 +26,7 @@ import tracekit
 from tests.loop.proxy import ModelServer
 from tracekit import semconv as sc
 from tracekit._core import current
-from tracekit.demo.model_server import DEFAULT_MAX_NUM_SEQS, Engine, Tracing, make_app, parse_args
+from tracekit.demo.model_server import DEFAULT_MAX_NUM_SEQS, Engine, Tracing, main, make_app, parse_args
 
 from .otlp_collector import Collector, collector
 
@@ -69,6 +69,12 @@ def test_serial_is_max_num_seqs_1_and_the_default_is_vllms() -> None:
     assert parse_args(["--max-num-seqs", "8", "--batch-cost", "0.5"]).batch_cost == 0.5
     with pytest.raises(SystemExit):
         parse_args(["--max-num-seqs", "0"])
+
+
+def test_a_bad_otlp_protocol_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "json")
+    with pytest.raises(SystemExit, match=r"^model_server: error: .*'json': use http/protobuf or grpc$"):
+        main(["--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"])
 
 
 def _burst(url: str, n: int, max_tokens: int) -> list[tuple[str, str, float]]:

@@ -294,7 +294,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     args = parse_args(argv)
-    tracing = Tracing(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None
+    try:
+        tracing = Tracing(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None
+    except (ValueError, ImportError) as error:  # a bad protocol, a missing exporter: one line
+        raise SystemExit(f"model_server: error: {error}") from None
     app = make_app(args.prefill_ms, args.decode_ms, max_num_seqs=args.max_num_seqs,
                    batch_cost=args.batch_cost, tracing=tracing)  # fmt: skip
     try:
