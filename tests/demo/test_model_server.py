@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from opentelemetry import propagate
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -137,17 +138,18 @@ def test_one_sequence_at_a_time_queues_and_a_batch_decodes_slower(
 
 
 async def _chat(request: Request) -> JSONResponse:
-    return JSONResponse(await complete(request.app.state.model_url))
+    reply = await complete(request.app.state.client)
+    return JSONResponse({"text": reply.choices[0].message.content})
 
 
 @tracekit.stage("model")
-async def complete(url: str) -> Any:
+async def complete(client: openai.AsyncOpenAI) -> Any:
     headers: dict[str, str] = {}
     propagate.inject(headers)  # what the httpx integration will do: the stage's traceparent
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
-        response = await client.post("/v1/chat/completions", json=body, headers=headers)
-    return response.json()
+    return await client.chat.completions.create(
+        model="sim-1", messages=[{"role": "user", "content": "hello there"}], max_tokens=4,
+        extra_headers=headers,
+    )  # fmt: skip
 
 
 def _drive(url: str, n: int, concurrency: int) -> None:
@@ -169,15 +171,15 @@ def test_the_analyzer_splits_a_gateways_model_wait_with_the_servers_spans(
     otlp: Collector, model_server: Callable[..., ModelServer], serve: Callable[..., Any],
     otel_globals: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """A gateway and the model server export to the same collector; ``tracekit analyze`` of
-    what it received: one route (the server's spans are not requests), the model wait split
-    into network, queue, prefill and decode, and the one-at-a-time server found from its
-    own queue time."""
+    """A gateway calling the model server with the OpenAI SDK, both exporting to the same
+    collector; ``tracekit analyze`` of what it received: one route (the server's spans are
+    not requests), the model wait split into network, queue, prefill and decode, and the
+    one-at-a-time server found from its own queue time."""
     server = model_server("--serial", "--prefill-ms", "10", "--decode-ms", "5")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.url)
     tracekit.configure(service_name="gateway", exporter="otlp")
     app = Starlette(routes=[Route("/v1/chat", _chat, methods=["POST"])])
-    app.state.model_url = server.url
+    app.state.client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
     gateway = serve(tracekit.TracekitMiddleware(app))
     _drive(gateway.url, 24, 8)
     assert current.active_runtime is not None
