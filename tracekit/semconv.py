@@ -154,11 +154,18 @@ GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"  # seconds
 
 # --- vLLM's own request spans (joined through traceparent) --------------------------------
+# vLLM's names (vllm/tracing.py SpanAttributes, not OpenTelemetry conventions): its SERVER
+# span per request, and its attributes; latencies in seconds, as vLLM writes them.
+VLLM_REQUEST_SPAN: Final = "llm_request"
+VLLM_REQUEST_ID: Final = "gen_ai.request.id"
+VLLM_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
 VLLM_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"  # seconds
 VLLM_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"  # seconds
 VLLM_LATENCY_E2E: Final = "gen_ai.latency.e2e"  # seconds
 VLLM_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"  # seconds
 VLLM_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"  # seconds
+VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"  # seconds
 
 # --- span names of other instrumentation, read by the analyzer (docs/composition.md) -------
 # FastAPI's native telemetry (0.165+): its operation spans under the server span. The

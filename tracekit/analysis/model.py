@@ -75,6 +75,28 @@ class Span(Struct, array_like=True):
         return max(0, self.end_ns - self.start_ns) / 1e6
 
 
+class ServerTiming(Struct, array_like=True):
+    """What the model server said of one call: its own request span (vLLM's ``llm_request``,
+    joined through ``traceparent``), its ``gen_ai.latency.*`` attributes in ms.
+
+    Attributes:
+        queue_ms: waiting in the server's scheduler queue (``time_in_queue``).
+        prefill_ms: from leaving the queue to the first token (``time_in_model_prefill``).
+        decode_ms: from the first token to the last (``time_in_model_decode``).
+        e2e_ms: the server's arrival to its last token (``e2e``), or ``None``.
+        start_ns / end_ns: the server span's times, on the server host's clock.
+        spans: server spans folded in (a retried call has several).
+    """
+
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    e2e_ms: float | None
+    start_ns: int
+    end_ns: int
+    spans: int = 1
+
+
 class StageRecord(Struct, array_like=True):
     """One tracekit stage span (or, for uninstrumented traces, one CLIENT/INTERNAL child).
 
@@ -110,6 +132,9 @@ class StageRecord(Struct, array_like=True):
     #: The library frames the watchdog caught running inside ``blocked_at`` (innermost
     #: first, one per line, paths shortened): what the blocking or CPU-bound call was.
     blocked_frames: str | None = None
+    #: A model call's own timing on the model server, when the server's span joined the
+    #: trace (:class:`ServerTiming`), else ``None``.
+    server: ServerTiming | None = None
 
 
 class RequestRecord(Struct, array_like=True):
@@ -192,3 +217,25 @@ def own_cpu_split(req: RequestRecord, stage_cpu: float, stage_off: float) -> tup
     total_off = _duration(req.attributes, CPU_OFF_LOOP_MS)
     off = min(own, max(0.0, total_off - stage_off)) if total_off is not None else 0.0
     return own - off, off
+
+
+def model_wait_split(stage: StageRecord) -> tuple[float, float, float, float] | None:
+    """A model call's wait as ``(network, queue, prefill, decode)`` in ms, when the model
+    server's span joined it, else ``None``.
+
+    The wait is the stage's ``wait_ms`` (a plain span's wall time). The server's queue,
+    prefill and decode are taken from it and *network* is the rest: the network, HTTP and
+    what the server did outside its engine (its API layer, tokenizing the prompt). When the
+    server's parts exceed the wait (its e2e includes time the answer waited for the
+    gateway's busy loop, which is loop wait here), they are scaled down to fit and network
+    is 0, so the four always add up to the wait.
+    """
+    server = stage.server
+    if server is None:
+        return None
+    wait = stage.wait_ms if stage.wait_ms is not None else stage.wall_ms
+    parts = server.queue_ms + server.prefill_ms + server.decode_ms
+    if parts <= wait:
+        return wait - parts, server.queue_ms, server.prefill_ms, server.decode_ms
+    scale = wait / parts
+    return 0.0, server.queue_ms * scale, server.prefill_ms * scale, server.decode_ms * scale

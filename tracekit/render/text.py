@@ -313,6 +313,7 @@ class _Renderer:
         cells = "  ".join(f"{k} {fmt_ms(lat.get(k))}" for k in ("p50", "p90", "p95", "p99", "max"))
         self._wrap(f"latency ms    {cells}", 2, hang=14)
         self._breakdown(r.get("breakdown_ms") or {})
+        self._model_split(r.get("model_wait_split_ms"))
         self._streaming(r.get("streaming"))
         goodput = r.get("goodput")
         if isinstance(goodput, Mapping):
@@ -336,6 +337,20 @@ class _Renderer:
             filled = max(0, min(bar, round(bar * value / top)))
             drawn = self.g.full * filled + self.g.empty * (bar - filled)
             self._add(f"    {key.replace('_', ' '):<13} {drawn} {fmt_ms(value):>8}")
+
+    def _model_split(self, split: Any) -> None:
+        # The model wait of calls the model server's own span joined (vLLM's llm_request).
+        if not isinstance(split, Mapping):
+            return
+        cells = f" {self.g.dot} ".join(
+            f"{key} {fmt_ms(split.get(key))}" for key in ("network", "queue", "prefill", "decode")
+        )
+        self._wrap(
+            f"model wait    {cells} ms per request, from the model server's spans "
+            f"({_count(_int(split.get('requests')), 'request')})",
+            2,
+            hang=14,
+        )
 
     def _streaming(self, s: Any) -> None:
         if not isinstance(s, Mapping):

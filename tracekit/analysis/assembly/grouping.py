@@ -19,9 +19,11 @@ very requests a single pass gets.
 A request is each SERVER span, or, in a trace with no SERVER span, each top-most span (a
 root, or a span whose parent is not in the input, like the OTLP specification's example).
 Its stages are its descendants down to, not into, the next SERVER span (a downstream service's
-SERVER span is a request of its own). Spans of a trace that arrive within ``max_open_traces``
-spans after it was flushed form a *late fragment*: only their SERVER spans become requests,
-because a top-most span of a fragment is not a real request root.
+SERVER span is a request of its own), except a model server's own span (vLLM's
+``llm_request``), which joins the model call it answered. Spans of a trace that arrive within
+``max_open_traces`` spans after it was flushed form a *late fragment*: only their SERVER spans
+become requests (not a model server's: its call is gone), because a top-most span of a
+fragment is not a real request root.
 
 Hostile input never hangs or crashes assembly: duplicate span ids keep the first span, a
 span that is its own parent is a root, cycles in parent links are cut by a visited set in

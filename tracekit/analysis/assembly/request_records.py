@@ -19,7 +19,7 @@ import orjson
 
 from tracekit import semconv
 from tracekit.analysis.assembly.blocked_sites import blocked_site
-from tracekit.analysis.model import RequestRecord, Span, StageRecord
+from tracekit.analysis.model import RequestRecord, ServerTiming, Span, StageRecord
 
 # Every tracekit attribute name in semconv (they share the prefix of tracekit.stage): a
 # request carrying any of them is instrumented. A set lookup, not a prefix scan per key.
@@ -94,7 +94,12 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
                 children[parent] = [span]
             else:
                 siblings.append(span)
-    heads = [s for s in by_id.values() if s.kind == "server"]
+    # A model server's span under a call of this trace is part of that call, not a request
+    # (nor is one that arrives late, after its call's trace was flushed).
+    heads = [
+        s for s in by_id.values()
+        if s.kind == "server" and not ((late or s.parent_id in by_id) and model_server_span(s))
+    ]  # fmt: skip
     if not heads and not late:
         # A loop window (tracekit.loop) is not a request (the pipeline counts it apart).
         if loop_trace(by_id.values()):
@@ -124,11 +129,16 @@ def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:
 
 def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:
     stages: list[StageRecord] = []
+    servers: list[Span] = []
     visited = {head.span_id}
     stack = list(children.get(head.span_id, ()))
     while stack:
         span = stack.pop()
-        if span.span_id in visited or span.kind == "server":
+        if span.span_id in visited:
+            continue
+        if span.kind == "server":
+            if model_server_span(span):
+                servers.append(span)
             continue
         visited.add(span.span_id)
         stages.append(stage_record(span))
@@ -136,7 +146,69 @@ def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:
         if below:
             stack.extend(below)
     stages.sort(key=_BY_START)
+    if servers:
+        _join_model_server(servers, stages)
     return request_record(head, stages)
+
+
+def model_server_span(span: Span) -> bool:
+    """A model server's own request span (vLLM's ``llm_request``): a SERVER span with the
+    server's time in queue (``gen_ai.latency.time_in_queue``)."""
+    return span.kind == "server" and semconv.VLLM_LATENCY_TIME_IN_QUEUE in span.attributes
+
+
+def server_timing(span: Span) -> ServerTiming | None:
+    """The server's queue, prefill and decode (seconds in the span, ms here); ``None`` when
+    its time in queue is malformed. A missing or malformed prefill or decode reads 0."""
+    get = span.attributes.get
+    queue = ms_value(get(semconv.VLLM_LATENCY_TIME_IN_QUEUE))
+    if queue is None:
+        return None
+    e2e = ms_value(get(semconv.VLLM_LATENCY_E2E))
+    return ServerTiming(
+        queue * 1000, (ms_value(get(semconv.VLLM_LATENCY_TIME_IN_MODEL_PREFILL)) or 0.0) * 1000,
+        (ms_value(get(semconv.VLLM_LATENCY_TIME_IN_MODEL_DECODE)) or 0.0) * 1000,
+        None if e2e is None else e2e * 1000, span.start_ns, max(span.start_ns, span.end_ns),
+    )  # fmt: skip
+
+
+def _join_model_server(servers: list[Span], stages: list[StageRecord]) -> None:
+    # Each server span's timing goes to the model call it answered: the nearest model stage
+    # above it (its parent is the stage, or the client span inside the stage), else the
+    # plain CLIENT span it is under, which then reads as a model call.
+    by_id = {stage.span_id: stage for stage in stages}
+    for span in servers:
+        timing = server_timing(span)
+        call = _model_call(span.parent_id, by_id)
+        if timing is None or call is None:
+            continue
+        old = call.server
+        if old is not None:  # a retried call: its attempts add up
+            e2e = None if old.e2e_ms is None or timing.e2e_ms is None else old.e2e_ms + timing.e2e_ms
+            timing = ServerTiming(
+                old.queue_ms + timing.queue_ms, old.prefill_ms + timing.prefill_ms,
+                old.decode_ms + timing.decode_ms, e2e, min(old.start_ns, timing.start_ns),
+                max(old.end_ns, timing.end_ns), old.spans + 1,
+            )  # fmt: skip
+        call.server = timing
+
+
+def _model_call(parent_id: str | None, by_id: dict[str, StageRecord]) -> StageRecord | None:
+    parent = by_id.get(parent_id) if parent_id is not None else None
+    first = parent
+    seen: set[str] = set()
+    while parent is not None and parent.span_id not in seen:
+        if parent.kind == semconv.KIND_MODEL or (
+            parent.cpu_ms is None and parent.wait_ms is None
+            and semconv.GEN_AI_OPERATION_NAME in parent.attributes
+        ):
+            return parent
+        seen.add(parent.span_id)
+        parent = by_id.get(parent.parent_id) if parent.parent_id is not None else None
+    if first is not None and first.span_kind == "client" and first.cpu_ms is None and first.wait_ms is None:
+        first.kind = semconv.KIND_MODEL
+        return first
+    return None
 
 
 def stage_record(span: Span) -> StageRecord:

@@ -377,10 +377,11 @@ class Replayer:
             key = f"model:{service}:{fix.stage}"
             for call in model_calls(reqs, service, fix.stage):
                 outside = max(0, min(call.queue_ns, call.stage.start_ns - call.submit_ns))
+                server = call.stage.server  # the server's own queue time, when it said
                 out[call.stage.span_id] = ModelCall(
                     key=key,
                     queue_out_ms=outside / _MS,
-                    queue_in_ms=(call.queue_ns - outside) / _MS,
+                    queue_in_ms=(call.queue_ns - outside) / _MS if server is None else server.queue_ms,
                     wrap_stage=fix.queue == "outside",
                 )
         return out

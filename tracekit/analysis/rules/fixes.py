@@ -338,8 +338,17 @@ async def {fn}(messages):
     return title, code
 
 
-def batching_server(stage: str, function: str | None) -> tuple[str, str]:
-    """The model server answers one request at a time: continuous batching."""
+def batching_server(stage: str, function: str | None, running: int = 1) -> tuple[str, str]:
+    """The model server answers one request at a time (or, as its own spans said, at most
+    ``running`` at once): continuous batching, or more sequences per step."""
+    if running > 1:
+        title = f"Let {function or stage}'s model server run more sequences at once (--max-num-seqs)"
+        code = f"""# The model server ran at most {running} sequences at once and queued the rest.
+# Admit more per step (within its KV-cache memory):
+vllm serve MODEL --max-num-seqs 256
+# TGI: raise --max-concurrent-requests and --max-batch-total-tokens
+"""
+        return title, code
     title = (
         f"Serve {function or stage}'s model with continuous batching "
         f"(vLLM, or a larger --max-num-seqs)"

@@ -13,14 +13,26 @@ an uncontended call's latency.
 Where the waiting sits says what serializes the calls: before the stage starts (a lock or
 a blocking client in the gateway: the model stages never overlap) or inside it (the model
 server queues them).
+
+**The server's own word.** When the model server's span (vLLM's ``llm_request``) joined most
+of the calls, its time in queue (``gen_ai.latency.time_in_queue``) is the evidence instead of
+the FIFO reading: the server measured it. The rule then fires when at least ``min_contended``
+calls (and ``min_share`` of them) waited >= 1 ms in the server's queue and their median wait
+is at least ``min_queue_ratio`` of the server's median inference time (prefill + decode):
+queueing that matters next to the work. This also catches a server that runs a few
+sequences at once (``--max-num-seqs 4`` under 16 clients), whose calls overlap and whose
+completions leave FIFO order, which the FIFO reading cannot see. The evidence says how many
+sequences the server ran at once (its spans' inference intervals, on the server's clock) and
+how the queue grew with the calls in flight.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from tracekit._percentile import percentile
-from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.model import RequestRecord, ServerTiming
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
 from tracekit.analysis.rules.common import LoopIndex, by_route, finding, ms, p50_latency
@@ -46,6 +58,8 @@ class SerializedModelCalls:
             ones at least this (0.75).
         max_out_of_order: at most this share of contended calls may finish before an
             earlier one (0.1): a one-at-a-time server answers in order.
+        min_queue_ratio: with the server's spans, the median time queued calls waited in
+            its queue / its median inference time at least this (0.25).
     """
 
     id = "serialized-model-calls"
@@ -57,12 +71,14 @@ class SerializedModelCalls:
         min_share: float = 0.2,
         service_ratio: float = 0.75,
         max_out_of_order: float = 0.1,
+        min_queue_ratio: float = 0.25,
     ) -> None:
         self.min_calls = min_calls
         self.min_contended = min_contended
         self.min_share = min_share
         self.service_ratio = service_ratio
         self.max_out_of_order = max_out_of_order
+        self.min_queue_ratio = min_queue_ratio
 
     def __call__(self, requests: Sequence[RequestRecord], ctx: RuleContext) -> list[Finding]:
         """Findings for every model stage whose calls were served one at a time."""
@@ -77,10 +93,19 @@ class SerializedModelCalls:
         out: list[Finding] = []
         for service, name in sorted(keys):
             calls = model_calls(requests, service, name)
+            served = [c for c in calls if c.stage.server is not None]
+            server_said = len(served) >= self.min_calls and 2 * len(served) >= len(calls)
+            if server_said:
+                found = self._server_findings(name, served, routes, requests, ctx)
+                if found:
+                    out.extend(found)
+                    continue
             verdict = self._serialized(calls)
             if verdict is None:
                 continue
             uncontended_ms, outside = verdict
+            if server_said and not outside:
+                continue  # waited inside the stage, but not in the server's queue: it said so
             for route in sorted({requests[c.index].route for c in calls}):
                 if route not in routes:
                     continue
@@ -186,6 +211,101 @@ class SerializedModelCalls:
             caused_by=caused_by,
             folded=folded,
         )
+
+    def _server_findings(
+        self,
+        name: str,
+        calls: list[CallTiming],
+        routes: dict[str, list[RequestRecord]],
+        requests: Sequence[RequestRecord],
+        ctx: RuleContext,
+    ) -> list[Finding]:
+        """Findings from the server's own queue times (calls whose server span joined)."""
+        timings = [_server(c) for c in calls]
+        queued = [t for t in timings if t.queue_ms >= _CONTENDED_NS / _MS]
+        if len(queued) < max(self.min_contended, self.min_share * len(calls)):
+            return []
+        inference = percentile([t.prefill_ms + t.decode_ms for t in timings], 0.5)
+        waited = percentile([t.queue_ms for t in queued], 0.5)
+        if waited < self.min_queue_ratio * inference:
+            return []
+        at_once = _most_running(timings)
+        growth = _queue_growth(timings)
+        function = function_of(calls[0].stage)
+        out: list[Finding] = []
+        for route in sorted({requests[c.index].route for c in calls}):
+            on_route = [c for c in calls if requests[c.index].route == route]
+            if route not in routes or not any(_server(c).queue_ms >= 1 for c in on_route):
+                continue
+            queues = [_server(c).queue_ms for c in on_route]
+            running = "one sequence at a time" if at_once == 1 else f"at most {at_once} sequences at once"
+            evidence = (
+                f"the model server reported {len(queued)} of {len(calls)} {name} calls waiting in "
+                f"its queue (gen_ai.latency.time_in_queue) for {ms(waited)} (p95 "
+                f"{ms(percentile([t.queue_ms for t in queued], 0.95))}) before its "
+                f"{ms(inference)} of prefill and decode; it ran {running}{growth}"
+            )
+            out.append(
+                finding(
+                    rule=self.id,
+                    route=route,
+                    stage=name,
+                    function=function,
+                    impact_ms=sum(queues) / len(queues),
+                    route_p50_ms=p50_latency(routes[route]),
+                    evidence=evidence,
+                    fix=fixes.batching_server(name, function, at_once),
+                    requests=requests,
+                    ctx=ctx,
+                    model=Fix("model_overlap", route, name, queue="inside"),
+                )
+            )
+        return out
+
+
+def _server(call: CallTiming) -> ServerTiming:
+    server = call.stage.server
+    assert server is not None  # only calls the server's span joined come here
+    return server
+
+
+def _most_running(timings: list[ServerTiming]) -> int:
+    """The most calls in the server's engine at once: their inference intervals (queue
+    left out), on the server's own clock."""
+    edges: list[tuple[float, int]] = []
+    for t in timings:
+        # The span ends a little after the last token (output processing): an end within
+        # 1 ms after the next call's start is not an overlap.
+        end = t.end_ns / _MS
+        edges += [(end - t.prefill_ms - t.decode_ms, 1), (end - _CONTENDED_NS / _MS, -1)]
+    edges.sort()  # an end before a start at the same instant
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return max(1, most)
+
+
+def _queue_growth(timings: list[ServerTiming]) -> str:
+    """How the server's queue time grew with the calls in flight at the server when each
+    arrived (its spans' start and end), when their number varied: evidence text or ""."""
+    starts = sorted(t.start_ns for t in timings)
+    ends = sorted(t.end_ns for t in timings)
+    # Others in flight as each arrived: started at or before it, not ended by then.
+    rows = sorted(
+        (bisect_right(starts, t.start_ns) - bisect_right(ends, t.start_ns) - 1, t.queue_ms)
+        for t in timings
+    )
+    middle = rows[len(rows) // 2][0]
+    low = [row for row in rows if row[0] <= middle]
+    high = [row for row in rows if row[0] > middle]
+    if not high:
+        return ""
+    return (
+        f"; its queue grew with the calls in flight: {ms(percentile([q for _, q in low], 0.5))} "
+        f"with {low[0][0]}-{low[-1][0]} others in flight, "
+        f"{ms(percentile([q for _, q in high], 0.5))} with {high[0][0]}-{high[-1][0]}"
+    )
 
 
 def _loop_holder(

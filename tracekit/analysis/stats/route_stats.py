@@ -13,7 +13,13 @@ from operator import attrgetter
 from typing import Any
 
 from tracekit import semconv
-from tracekit.analysis.model import RequestRecord, StageRecord, own_cpu_split, stage_cpu_split
+from tracekit.analysis.model import (
+    RequestRecord,
+    StageRecord,
+    model_wait_split,
+    own_cpu_split,
+    stage_cpu_split,
+)
 from tracekit.analysis.slo import SLO, request_itl_ms, request_tpot_ms
 from tracekit.analysis.stats.intervals import qualified_name
 from tracekit.analysis.stats.quantiles import Quantiles
@@ -26,6 +32,8 @@ BREAKDOWN_KEYS = ("cpu_on_loop", "cpu_off_loop", "model_wait", "io_wait", "loop_
 LATENCY_KEYS = ("p50", "p90", "p95", "p99", "max")
 STREAM_KEYS = ("p50", "p90", "p95", "p99")
 STAGE_KEYS = ("p50", "p95")
+# The model wait of calls the model server's own span joined (model.model_wait_split).
+SPLIT_KEYS = ("network", "queue", "prefill", "decode")
 
 
 def breakdown(req: RequestRecord) -> tuple[float, float, float, float, float, float, float] | None:
@@ -75,6 +83,19 @@ def _breakdown(
         _attribute_ms(req, semconv.GC_MS),
         _attribute_ms(req, semconv.QUEUE_WAIT_MS),
     )
+
+
+def request_model_split(req: RequestRecord) -> tuple[float, float, float, float] | None:
+    """The request's model wait as ``(network, queue, prefill, decode)`` ms, summed over
+    its model calls that the model server's span joined; ``None`` when none did."""
+    total: list[float] | None = None
+    for stage in req.stages:
+        if stage.server is None:
+            continue
+        split = model_wait_split(stage)
+        if split is not None:
+            total = list(split) if total is None else [a + b for a, b in zip(total, split, strict=True)]
+    return None if total is None else (total[0], total[1], total[2], total[3])
 
 
 def _attribute_ms(req: RequestRecord, key: str) -> float:
@@ -280,6 +301,10 @@ class RouteStats:
     rows: list[tuple[float, int, int]] = field(default_factory=list)
     #: (ttft_ms, itl_ms, tpot_ms) of each streamed request (slo.request_itl_ms, request_tpot_ms).
     streams: list[tuple[float | None, float | None, float | None]] = field(default_factory=list)
+    #: Requests whose model calls the model server's span joined, and their split's sums
+    #: (fixed point, in SPLIT_KEYS order).
+    split_requests: int = 0
+    split_sums: list[int] = field(default_factory=lambda: [0] * len(SPLIT_KEYS))
 
     def add(self, req: RequestRecord, slo: SLO | None) -> None:
         """Record one request of this route. Cost: O(stages), a few operations each."""
@@ -306,6 +331,10 @@ class RouteStats:
             sums = self.sums
             for i, value in enumerate(_breakdown(req, own_rows)):
                 sums[i] += _fixed(value)
+        split = request_model_split(req)
+        if split is not None:
+            self.split_requests += 1
+            self.split_sums = [a + _fixed(b) for a, b in zip(self.split_sums, split, strict=True)]
         chunks = req.chunks
         if chunks is not None and chunks > 1:
             self.streams.append((req.ttft_ms, request_itl_ms(req), request_tpot_ms(req)))
@@ -368,6 +397,8 @@ class RouteStats:
         self.itl.merge(other.itl)
         self.tpot.merge(other.tpot)
         self.good += other.good
+        self.split_requests += other.split_requests
+        self.split_sums = [a + b for a, b in zip(self.split_sums, other.split_sums, strict=True)]
         for name, stats in other.stages.items():
             if name not in self.stages and len(self.stages) >= self.max_stages:
                 name = OTHER_STAGES
@@ -408,7 +439,7 @@ class RouteStats:
                 "fraction": self.good / self.requests if self.requests else 0.0,
             }
         stages = sorted(self.stages.values(), key=lambda s: (s.first, s.stage))
-        return {
+        out: dict[str, Any] = {
             "route": self.route,
             "requests": self.requests,
             "errors": self.errors,
@@ -419,3 +450,12 @@ class RouteStats:
             "goodput": goodput,
             "stages": [s.to_dict() for s in stages],
         }
+        if self.split_requests:
+            # Only where a model server's span joined: reports without one keep their keys.
+            split: dict[str, float | int] = {
+                key: total / _FIXED / self.split_requests
+                for key, total in zip(SPLIT_KEYS, self.split_sums, strict=True)
+            }
+            split["requests"] = self.split_requests
+            out["model_wait_split_ms"] = split
+        return out

@@ -180,7 +180,34 @@ def routes_section(routes: list[Mapping[str, Any]]) -> str:
     return (
         '<section id="routes"><h2>Routes</h2><p class="note">Latency in milliseconds.</p>'
         f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
-        "</table></div><h3>Where the time goes</h3>" + breakdown_chart(routes) + "</section>"
+        "</table></div><h3>Where the time goes</h3>" + breakdown_chart(routes)
+        + _model_split_table(routes) + "</section>"
+    )
+
+
+_SPLIT_KEYS = ("network", "queue", "prefill", "decode")
+
+
+def _model_split_table(routes: list[Mapping[str, Any]]) -> str:
+    # The model wait split by the model server's own spans (vLLM's llm_request), where any.
+    rows = []
+    for r in routes:
+        split = r.get("model_wait_split_ms")
+        if not isinstance(split, Mapping):
+            continue
+        cells = "".join(f"<td>{fmt_ms(split.get(k))}</td>" for k in _SPLIT_KEYS)
+        rows.append(
+            f'<tr><td class="route">{esc(clip(r.get("route"), 200))}</td>'
+            f"<td>{fmt_int(split.get('requests'))}</td>{cells}</tr>"
+        )
+    if not rows:
+        return ""
+    head = "<tr><th>route</th><th>requests</th>" + "".join(f"<th>{k}</th>" for k in _SPLIT_KEYS) + "</tr>"
+    return (
+        "<h3>Model wait, from the model server's spans</h3><p class=\"note\">Mean ms per request "
+        "over the requests whose model calls the server's span joined.</p>"
+        f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
+        "</table></div>"
     )
 
 
