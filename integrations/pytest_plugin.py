@@ -99,8 +99,8 @@ def _budgets(config: pytest.Config, item: pytest.Item, marker: pytest.Mark) -> d
         given = parse(marker.kwargs, origin)
     except ConfigurationError as exc:
         raise pytest.UsageError(str(exc)) from None
-    budgets = {**config.stash.get(_DEFAULTS, {}), **given}
-    budgets = {key: value for key, value in budgets.items() if value is not None}
+    defaults: dict[str, Any] = config.stash.get(_DEFAULTS, {})
+    budgets = {key: value for key, value in {**defaults, **given}.items() if value is not None}
     if not budgets:
         raise pytest.UsageError(
             f"{origin} sets no budget, and no tracekit_budget_* ini option does ({valid_keys()})"

@@ -1,5 +1,9 @@
 """Helpers for testing code instrumented with tracekit (and tracekit itself).
 
+:func:`measure_overhead` measures the CPU tracekit adds to each request of an ASGI app, for a
+test to assert on (``result.cpu_us < 300``). The pytest plugin's fixture and budgets:
+:mod:`tracekit.integrations.pytest_plugin`.
+
 :class:`FakeClock` replaces tracekit's clock (:mod:`tracekit._core.clock`), so accounting can be
 asserted to the exact microsecond::
 
@@ -17,10 +21,18 @@ asserted to the exact microsecond::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import json as jsonlib
 import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from tracekit._core import clock
+from tracekit.errors import ConfigurationError
 
 
 class FakeClock:
@@ -82,3 +94,203 @@ class FakeClock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
         clock.restore()
+
+
+class HTTPRequest:
+    """One request for :func:`measure_overhead` (and ``bench/overhead.py``) to send.
+
+    Args:
+        method: the HTTP method.
+        path: the path, with its query string if any (``/v1/models?limit=5``).
+        body: the request body.
+        json: a body to send as JSON (sets ``content-type: application/json``).
+        headers: extra request headers.
+    """
+
+    def __init__(self, method: str, path: str, *, body: bytes = b"", json: Any = None,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        if not path.startswith("/"):
+            raise ConfigurationError(f"HTTPRequest path must start with '/', not {path!r}")
+        self.method = method.upper()
+        self.path = path
+        self.body = body if json is None else jsonlib.dumps(json).encode()
+        fields = [("host", "tracekit.test"), *(headers or {}).items()]
+        if json is not None:
+            fields.append(("content-type", "application/json"))
+        self.headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in fields]
+
+    def __repr__(self) -> str:
+        return f"HTTPRequest({self.method!r}, {self.path!r})"
+
+    def scope(self) -> dict[str, Any]:
+        """The ASGI HTTP scope of this request (a fresh dict: apps may change it)."""
+        path, _, query = self.path.partition("?")
+        return {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": self.method, "scheme": "http", "path": path, "raw_path": path.encode(),
+            "root_path": "", "query_string": query.encode(), "headers": list(self.headers),
+            "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+        }  # fmt: skip
+
+
+async def drive(app: Any, requests: Sequence[HTTPRequest], count: int) -> list[int]:
+    """Call ``app`` directly (no sockets) ``count`` times, one request after another, cycling
+    through ``requests``; the client never disconnects.
+
+    Returns:
+        The status each of ``requests`` last answered (0: no response was started).
+    """
+    statuses = [0] * len(requests)
+    forever = asyncio.get_running_loop().create_future()  # no disconnect: wait until cancelled
+    pending = b""
+    more = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal more
+        if more:
+            more = False
+            return {"type": "http.request", "body": pending, "more_body": False}
+        await asyncio.shield(forever)
+        return {"type": "http.disconnect"}
+
+    for i in range(count):
+        index = i % len(requests)
+        request = requests[index]
+        pending, more = request.body, True
+
+        async def send(message: dict[str, Any], index: int = index) -> None:
+            if message["type"] == "http.response.start":
+                statuses[index] = message["status"]
+
+        await app(request.scope(), receive, send)
+    return statuses
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    """What :func:`measure_overhead` measured; CPU is the process's (all threads), per request.
+
+    Attributes:
+        cpu_us: the CPU tracekit adds per request: ``traced_cpu_us - bare_cpu_us``.
+        bare_cpu_us: per request with tracing off (the middleware and stages pass through).
+        traced_cpu_us: per request with every request recorded, spans built and delivered.
+        requests: requests per variant in each round.
+        rounds: rounds run (the best of each variant is kept).
+        spans_per_request: spans recorded per request (traced variant).
+    """
+
+    cpu_us: float
+    bare_cpu_us: float
+    traced_cpu_us: float
+    requests: int
+    rounds: int
+    spans_per_request: float
+
+    def __str__(self) -> str:
+        return (f"tracekit adds {self.cpu_us:.1f} µs CPU per request ({self.traced_cpu_us:.1f} traced, "
+                f"{self.bare_cpu_us:.1f} untraced; {self.spans_per_request:.1f} spans a request; "
+                f"best of {self.rounds} rounds of {self.requests} requests)")  # fmt: skip
+
+
+def measure_overhead(app: Any, requests: Sequence[HTTPRequest], *, repeat: int = 200,
+                     rounds: int = 5) -> OverheadResult:  # fmt: skip
+    """Measure the CPU tracekit adds to each request of ``app``: middleware, stages, span
+    building (CPU, not wall time: on a shared CI runner wall time is mostly other processes).
+
+    ``app`` is the ASGI app as served, with its ``TracekitMiddleware``; it is called directly
+    (no sockets, no lifespan) with ``requests``, ``repeat`` times each, once with tracing off
+    and once recording every request, in ``rounds`` interleaved rounds, as
+    ``bench/overhead.py`` measures tracekit. Each variant's best round counts: noise only
+    adds time. Whatever the app awaits (an upstream model, say) runs for real, so point it
+    at a local fake. Call it from a test that is not itself running an event loop.
+
+    Args:
+        app: the ASGI app.
+        requests: the requests to send (each answered with a status below 400).
+        repeat: how many times each request is sent per variant and round.
+        rounds: how many rounds.
+
+    Returns:
+        The :class:`OverheadResult`; assert on ``result.cpu_us``.
+
+    Raises:
+        ConfigurationError: no requests, a bad ``repeat``/``rounds``, a request answered 400
+            or above (or not at all), or no request traced (no ``TracekitMiddleware``).
+
+    Cost: ``2 * rounds`` runs of ``len(requests) * repeat`` requests, plus a quarter of that
+    each as warm-up.
+    """
+    requests = list(requests)
+    if not requests or not all(isinstance(r, HTTPRequest) for r in requests):
+        raise ConfigurationError("measure_overhead needs a list of tracekit.testing.HTTPRequest")
+    for name, value in (("repeat", repeat), ("rounds", rounds)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(f"measure_overhead: {name} must be a whole number >= 1, not {value!r}")
+    count = repeat * len(requests)
+    bare: list[float] = []
+    traced: list[float] = []
+    spans = 0
+    with _tracekit_set_aside():
+        for _ in range(rounds):
+            bare.append(_timed(app, requests, count, traced=False)[0])
+            cpu, recorded = _timed(app, requests, count, traced=True)
+            traced.append(cpu)
+            spans = max(spans, recorded)
+    return OverheadResult(min(traced) - min(bare), min(bare), min(traced), count, rounds, spans / count)
+
+
+@contextlib.contextmanager
+def _tracekit_set_aside() -> Iterator[None]:
+    # The caller's tracekit (a configured runtime, open recordings: the budget plugin's) is
+    # put aside while measuring, and restored after.
+    from tracekit._export import tracing
+
+    previous = tracing.install(None)
+    recorders = tracing.recorders[:]
+    tracing.recorders.clear()
+    try:
+        yield
+    finally:
+        tracing.recorders[:] = recorders
+        tracing.install(previous)
+
+
+def _timed(app: Any, requests: list[HTTPRequest], count: int, *, traced: bool) -> tuple[float, int]:
+    """(process CPU µs per request, spans recorded) of one variant's round."""
+    from tracekit._export import tracing
+    from tracekit.recording import record
+
+    with contextlib.ExitStack() as stack:
+        if traced:
+            recording = stack.enter_context(record())
+        else:  # installed and off: the middleware and stages pass the request through
+            tracing.install(tracing.Runtime(None, None))
+            stack.callback(tracing.install, None)
+        loop = asyncio.new_event_loop()
+        stack.callback(loop.close)
+        statuses = loop.run_until_complete(drive(app, requests, max(1, count // 4)))  # warm-up
+        _check_statuses(requests, statuses)
+        tracing.flush_all()
+        if traced:
+            recording.clear()
+        gc.collect()
+        cpu = time.process_time()
+        loop.run_until_complete(drive(app, requests, count))
+        tracing.flush_all()
+        cpu = time.process_time() - cpu
+        recorded = len(recording.spans) if traced else 0
+        if traced and not any(span.kind.name == "SERVER" for span in recording.spans):
+            raise ConfigurationError(
+                "measure_overhead: no request was traced: is TracekitMiddleware in the app?"
+            )
+    return cpu / count * 1e6, recorded
+
+
+def _check_statuses(requests: list[HTTPRequest], statuses: list[int]) -> None:
+    for request, status in zip(requests, statuses, strict=True):
+        if not 100 <= status < 400:
+            answer = f"answered {status}" if status else "sent no response"
+            raise ConfigurationError(
+                f"measure_overhead: {request.method} {request.path} {answer}: it needs requests "
+                "the app serves (status below 400)"
+            )
