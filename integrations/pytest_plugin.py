@@ -76,8 +76,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Budgets are validated here, so a bad key stops the run before any test runs; a marked
-    # test gets the recording fixture (set up first, torn down after the check).
+    # Budgets are validated here, so a bad key stops the run before any test runs. A marked
+    # test gets the recording fixture, set up after its other fixtures (what they send, a
+    # warm-up say, is not the test's) and torn down after the check.
     for item in items:
         marker = item.get_closest_marker(MARKER)
         if marker is None:
@@ -85,7 +86,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.stash[_BUDGETS] = _budgets(config, item, marker)
         names = getattr(item, "fixturenames", None)
         if names is not None and FIXTURE not in names:
-            names.insert(0, FIXTURE)
+            names.append(FIXTURE)
 
 
 def _budgets(config: pytest.Config, item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
