@@ -152,17 +152,20 @@ class Breach:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What :func:`check` found: ``requests`` measured, and the budgets not met."""
+    """What :func:`check` found: ``requests`` measured, the budgets not met, and whether
+    requests were still running when it gave up waiting (``settled`` false)."""
 
     requests: int
     breaches: list[Breach]
+    settled: bool = True
 
     def table(self) -> str:
         """The failure message: one row per budget not met (budget, measured, which requests)."""
         rows = [("budget", "measured", "requests")]
         rows += [(b.budget, b.measured, b.requests) for b in self.breaches]
         widths = [max(len(row[i]) for row in rows) for i in range(2)]
-        lines = [f"tracekit budget exceeded ({_count(self.requests)} recorded):"]
+        late = "" if self.settled else "; requests still running after the wait are not in it"
+        lines = [f"tracekit budget exceeded ({_count(self.requests)} recorded{late}):"]
         for row in rows:
             lines.append(f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip())
         return "\n".join(lines)
@@ -183,13 +186,13 @@ def check(recording: Recording, budgets: Mapping[str, Any], *, settle_s: float =
 
     Cost: one analysis of the recorded spans (``tracekit.analyze``: rules and replay included).
     """
-    recording.settle(settle_s)
+    settled = recording.settle(settle_s)
     requests: list[RequestRecord] = []
     findings: list[Finding] = []
     if recording.spans:
         findings = recording.report(observe=requests.append).findings
     measured = [r for r in requests if r.instrumented]
-    return Outcome(len(measured), evaluate(budgets, measured, findings))
+    return Outcome(len(measured), evaluate(budgets, measured, findings), settled)
 
 
 def evaluate(budgets: Mapping[str, Any], requests: Sequence[RequestRecord],

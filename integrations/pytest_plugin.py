@@ -113,8 +113,12 @@ def _budgets(config: pytest.Config, item: pytest.Item, marker: pytest.Mark) -> d
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = yield  # a failing test body fails as it is: the budget is not checked
     budgets = item.stash.get(_BUDGETS, None)
-    recording = getattr(item, "funcargs", {}).get(FIXTURE)
-    if budgets and recording is not None:
+    if budgets:
+        recording = getattr(item, "funcargs", {}).get(FIXTURE)
+        if recording is None:  # an item that takes no fixtures (a unittest.TestCase method)
+            message = f"needs a pytest test function (it adds the {FIXTURE} fixture)"
+            pytest.fail(f"@pytest.mark.{MARKER}: {item.nodeid} recorded nothing: the marker {message}",
+                        pytrace=False)  # fmt: skip
         from tracekit.integrations.pytest_budgets import check
 
         outcome = check(recording, budgets)
