@@ -8,9 +8,11 @@ tracekit's alone (the app's own CPU, however large, is not in it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette
@@ -106,6 +108,53 @@ def test_bad_options_are_refused(options: dict[str, object]) -> None:
         measure_overhead(gateway(), [CHAT], **options)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"a list of tracekit\.testing\.HTTPRequest"):
         measure_overhead(gateway(), ["/chat"])  # type: ignore[list-item]
+
+
+def test_each_round_runs_inside_the_apps_lifespan() -> None:
+    events: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
+        events.append("startup")
+        yield {"greeting": "hello"}  # the lifespan state: what a gateway's upstream client is
+        events.append("shutdown")
+
+    async def hello(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(request.state.greeting)
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/", hello)], lifespan=lifespan))
+    measure_overhead(app, [HTTPRequest("GET", "/")], repeat=10, rounds=2)
+    assert events == ["startup", "shutdown"] * 4  # two variants a round
+
+
+def test_an_app_that_does_not_speak_lifespan_runs_without_it() -> None:
+    async def raw(scope: dict[str, object], receive: object, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError("http only")  # a server's "lifespan unsupported"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    result = measure(tracekit.TracekitMiddleware(raw), repeat=10, rounds=1)
+    assert result.spans_per_request == 1.0
+
+
+def test_a_failed_startup_is_refused() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        raise RuntimeError("no upstream configured")
+        yield
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[], lifespan=lifespan))
+    with pytest.raises(ConfigurationError, match=r"startup failed: RuntimeError: no upstream configured$"):
+        measure(app)
+
+
+def test_an_async_caller_is_refused() -> None:
+    async def inside_a_loop() -> None:
+        measure(tracekit.TracekitMiddleware(gateway()))
+
+    with pytest.raises(ConfigurationError, match="call it from a synchronous test"):
+        asyncio.run(inside_a_loop())
 
 
 def test_the_callers_recording_is_set_aside_and_restored() -> None:

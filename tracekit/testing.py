@@ -33,6 +33,7 @@ from typing import Any
 
 from tracekit._core import clock
 from tracekit.errors import ConfigurationError
+from tracekit.semconv import LOOP_SPAN
 
 
 class FakeClock:
@@ -133,9 +134,16 @@ class HTTPRequest:
         }  # fmt: skip
 
 
-async def drive(app: Any, requests: Sequence[HTTPRequest], count: int) -> list[int]:
+async def drive(app: Any, requests: Sequence[HTTPRequest], count: int,
+                state: dict[str, Any] | None = None) -> list[int]:  # fmt: skip
     """Call ``app`` directly (no sockets) ``count`` times, one request after another, cycling
     through ``requests``; the client never disconnects.
+
+    Args:
+        app: the ASGI app.
+        requests: what to send.
+        count: how many requests in all.
+        state: the lifespan state (:class:`Lifespan`), copied into each request's scope.
 
     Returns:
         The status each of ``requests`` last answered (0: no response was started).
@@ -162,8 +170,76 @@ async def drive(app: Any, requests: Sequence[HTTPRequest], count: int) -> list[i
             if message["type"] == "http.response.start":
                 statuses[index] = message["status"]
 
-        await app(request.scope(), receive, send)
+        scope = request.scope()
+        if state is not None:
+            scope["state"] = dict(state)
+        await app(scope, receive, send)
     return statuses
+
+
+class Lifespan:
+    """The app's ASGI lifespan, run as a server runs it (uvicorn's ``lifespan="auto"``):
+    :meth:`start` before the first request, :meth:`stop` after the last; an app that does not
+    speak the protocol (it raises, returns or answers something else) runs without one.
+
+    Attributes:
+        state: what the app's startup stored (``scope["state"]``), for :func:`drive`.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state: dict[str, Any] = {}
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._task: asyncio.Future[Any] | None = None
+        self._running = False
+
+    async def start(self) -> None:
+        """Send ``lifespan.startup`` and wait for the app's answer.
+
+        Raises:
+            ConfigurationError: the app answered ``lifespan.startup.failed``.
+        """
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": self.state}
+        self._task = asyncio.ensure_future(self.app(scope, self._inbox.get, self._outbox.put))
+        await self._inbox.put({"type": "lifespan.startup"})
+        reply = await self._reply()
+        if reply.get("type") == "lifespan.startup.failed":
+            await asyncio.wait({self._task}, timeout=5)  # the app raises after answering: collect it
+            self._end()
+            # Starlette sends the whole traceback: its last line says what failed.
+            lines = str(reply.get("message", "")).strip().splitlines() or ["(no message)"]
+            raise ConfigurationError(f"the app's lifespan startup failed: {lines[-1]}")
+        self._running = reply.get("type") == "lifespan.startup.complete"
+        if not self._running:
+            self._end()
+
+    async def stop(self) -> None:
+        """Send ``lifespan.shutdown`` and wait for the app to finish (if it started)."""
+        if self._running:
+            self._running = False
+            await self._inbox.put({"type": "lifespan.shutdown"})
+            await self._reply()
+            self._end()
+
+    async def _reply(self) -> dict[str, Any]:
+        # The app's next message, or {} when it returned or raised first.
+        assert self._task is not None
+        message = asyncio.ensure_future(self._outbox.get())
+        await asyncio.wait({message, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if message.done():
+            return message.result()
+        message.cancel()
+        return {}
+
+    def _end(self) -> None:
+        # An app that does not speak the protocol may wait on receive() forever: cancel it;
+        # its exception, if any, is the server's "lifespan unsupported".
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        elif task is not None and not task.cancelled():
+            task.exception()
 
 
 @dataclass(frozen=True)
@@ -176,7 +252,8 @@ class OverheadResult:
         traced_cpu_us: per request with every request recorded, spans built and delivered.
         requests: requests per variant in each round.
         rounds: rounds run (the best of each variant is kept).
-        spans_per_request: spans recorded per request (traced variant).
+        spans_per_request: spans recorded per request (traced variant; the loop's window
+            spans, which do not grow with requests, left out).
     """
 
     cpu_us: float
@@ -198,11 +275,12 @@ def measure_overhead(app: Any, requests: Sequence[HTTPRequest], *, repeat: int =
     building (CPU, not wall time: on a shared CI runner wall time is mostly other processes).
 
     ``app`` is the ASGI app as served, with its ``TracekitMiddleware``; it is called directly
-    (no sockets, no lifespan) with ``requests``, ``repeat`` times each, once with tracing off
-    and once recording every request, in ``rounds`` interleaved rounds, as
-    ``bench/overhead.py`` measures tracekit. Each variant's best round counts: noise only
-    adds time. Whatever the app awaits (an upstream model, say) runs for real, so point it
-    at a local fake. Call it from a test that is not itself running an event loop.
+    (no sockets) with ``requests``, ``repeat`` times each, once with tracing off and once
+    recording every request, in ``rounds`` interleaved rounds, as ``bench/overhead.py``
+    measures tracekit. Each variant's best round counts: noise only adds time. Each round
+    runs on an event loop of its own, inside the app's lifespan (:class:`Lifespan`: startup
+    and shutdown are not timed). Whatever the app awaits (an upstream model, say) runs for
+    real, so point it at a local fake.
 
     Args:
         app: the ASGI app.
@@ -215,11 +293,20 @@ def measure_overhead(app: Any, requests: Sequence[HTTPRequest], *, repeat: int =
 
     Raises:
         ConfigurationError: no requests, a bad ``repeat``/``rounds``, a request answered 400
-            or above (or not at all), or no request traced (no ``TracekitMiddleware``).
+            or above (or not at all), no request traced (no ``TracekitMiddleware``), the
+            app's lifespan startup failed, or an event loop is running in this thread (an
+            async test).
 
     Cost: ``2 * rounds`` runs of ``len(requests) * repeat`` requests, plus a quarter of that
     each as warm-up.
     """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise ConfigurationError("measure_overhead runs event loops of its own: call it from a "
+                                 "synchronous test (or another thread)")  # fmt: skip
     requests = list(requests)
     if not requests or not all(isinstance(r, HTTPRequest) for r in requests):
         raise ConfigurationError("measure_overhead needs a list of tracekit.testing.HTTPRequest")
@@ -268,22 +355,25 @@ def _timed(app: Any, requests: list[HTTPRequest], count: int, *, traced: bool) -
             stack.callback(tracing.install, None)
         loop = asyncio.new_event_loop()
         stack.callback(loop.close)
-        statuses = loop.run_until_complete(drive(app, requests, max(1, count // 4)))  # warm-up
-        _check_statuses(requests, statuses)
+        lifespan = Lifespan(app)
+        loop.run_until_complete(lifespan.start())
+        stack.callback(loop.run_until_complete, lifespan.stop())
+        warm_up = drive(app, requests, max(1, count // 4), lifespan.state)
+        _check_statuses(requests, loop.run_until_complete(warm_up))
         tracing.flush_all()
         if traced:
             recording.clear()
         gc.collect()
         cpu = time.process_time()
-        loop.run_until_complete(drive(app, requests, count))
+        loop.run_until_complete(drive(app, requests, count, lifespan.state))
         tracing.flush_all()
         cpu = time.process_time() - cpu
-        recorded = len(recording.spans) if traced else 0
-        if traced and not any(span.kind.name == "SERVER" for span in recording.spans):
+        spans = [s for s in recording.spans if s.name != LOOP_SPAN] if traced else []
+        if traced and not any(span.kind.name == "SERVER" for span in spans):
             raise ConfigurationError(
                 "measure_overhead: no request was traced: is TracekitMiddleware in the app?"
             )
-    return cpu / count * 1e6, recorded
+    return cpu / count * 1e6, len(spans)
 
 
 def _check_statuses(requests: list[HTTPRequest], statuses: list[int]) -> None:
