@@ -42,11 +42,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from tracekit.integrations.pytest_budgets import valid_keys
+
     config.addinivalue_line(
         "markers",
         f"{MARKER}(**budgets): fail the test when the requests it recorded exceed these budgets "
-        "(stage_p95_ms, max_block_ms, overhead_ratio, loop_wait_p95_ms, ttft_p95_ms, findings; "
-        "docs/pytest.md)",
+        f"({valid_keys()}; docs/pytest.md)",
     )
     config.stash[_DEFAULTS] = _ini_defaults(config)
 
