@@ -9,6 +9,7 @@ stage that does nothing against a 40 ms one.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -230,9 +231,27 @@ def test_the_fixture_records_the_tests_spans(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=2)
 
 
-def test_the_entry_point_names_the_plugin_module() -> None:
+def test_the_entry_point_loads_the_plugin_by_its_name(pytester: pytest.Pytester,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["pytest11"] == {"tracekit": PLUGIN}
+    entry_points = project["project"]["entry-points"]["pytest11"]
+    assert entry_points == {"tracekit": PLUGIN}
     assert "tracekit.integrations" in project["tool"]["setuptools"]["packages"]
-    assert (ROOT / "integrations" / "pytest_plugin.py").is_file()
+    # What installing tracekit writes, on the path of the inner runs: pytest loads the plugin
+    # from it with no -p, under the name -p no:NAME turns off.
+    site = pytester.path / "site"
+    dist = site / "tracekit_probe-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tracekit-probe\nVersion: 0\n")
+    lines = "".join(f"{name} = {module}\n" for name, module in entry_points.items())
+    (dist / "entry_points.txt").write_text(f"[pytest11]\n{lines}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    pytester.makeini("[pytest]\ntracekit_budget_max_block_ms = 20\n")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    header = "tracekit budgets (ini defaults of @pytest.mark.tracekit_budget): max_block_ms=20"
+    result = pytester.runpytest_subprocess()
+    result.stdout.fnmatch_lines([header])
+    result = pytester.runpytest_subprocess("-p", "no:tracekit")
+    assert header not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*Unknown config option: tracekit_budget_max_block_ms*"])  # not loaded
