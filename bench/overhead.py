@@ -64,6 +64,8 @@ import tracekit
 from tracekit import _native
 from tracekit._core import current
 from tracekit._export import tracing
+from tracekit.testing import HTTPRequest
+from tracekit.testing import drive as send_requests
 
 DEFAULT_MAX_QUEUE = tracing.MAX_QUEUE
 
@@ -115,35 +117,14 @@ def make_app(decorate: bool, chunks: int = 0) -> Starlette:
     return Starlette(routes=[Route("/chat", chat, methods=["POST"]), Route("/stream", stream)])
 
 
-SCOPE = {
-    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-    "scheme": "http", "path": "/chat", "raw_path": b"/chat", "root_path": "", "query_string": b"",
-    "headers": [(b"host", b"bench"), (b"user-agent", b"bench/1"), (b"content-type", b"application/json")],
-    "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
-}  # fmt: skip
+# The requests, sent by tracekit.testing.drive (also what tracekit.testing.measure_overhead sends).
+_HEADERS = {"user-agent": "bench/1", "content-type": "application/json"}
+CHAT = HTTPRequest("POST", "/chat", body=b"{}", headers=_HEADERS)
+STREAM = HTTPRequest("GET", "/stream", headers=_HEADERS)
 
 
 async def drive(app: Any, n: int, path: str = "/chat") -> None:
-    scope = dict(
-        SCOPE, path=path, raw_path=path.encode(), method="POST" if path == "/chat" else "GET"
-    )
-    body = {"type": "http.request", "body": b"{}", "more_body": False}
-    forever = asyncio.get_running_loop().create_future()  # no disconnect: wait until cancelled
-
-    async def receive() -> dict[str, Any]:
-        nonlocal pending
-        if pending:
-            pending = False
-            return body
-        await asyncio.shield(forever)
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        pass
-
-    for _ in range(n):
-        pending = True
-        await app(dict(scope), receive, send)
+    await send_requests(app, [CHAT if path == "/chat" else STREAM], n)
 
 
 def variant(name: str, chunks: int = 0, batch: bool = True) -> tuple[Any, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from typing import Any
 
 import pytest
@@ -12,6 +13,12 @@ import pytest
 from tracekit._core import current, event_loop
 from tracekit._core.current import current_ledger
 from tracekit._export import tracing
+
+PLUGIN = "tracekit.integrations.pytest_plugin"
+# tracekit's pytest plugin loads through its pytest11 entry point where tracekit is installed
+# with it; a checkout run from PYTHONPATH (or an install older than the plugin) loads it here.
+if not any(ep.value == PLUGIN for ep in entry_points(group="pytest11")):
+    pytest_plugins = [PLUGIN]
 
 
 @pytest.fixture(autouse=True)

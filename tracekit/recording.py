@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from types import TracebackType
 from typing import Any
 
@@ -71,6 +72,32 @@ class Recording:
             tracing.flush_all()
         with self._lock:
             self._spans.clear()
+
+    def settle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every traced request that has begun is recorded: none still running on
+        an event loop, none waiting for tasks it spawned (a server in another thread answers
+        the client before it hands the request on).
+
+        Args:
+            timeout_s: the longest wait (a request that never ends would hold it forever).
+
+        Returns:
+            ``True`` when nothing was left running within ``timeout_s``.
+
+        Cost: a poll every 5 ms while requests run.
+        """
+        from tracekit._core.loop_view import live_views
+        from tracekit._export import shutdown
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            # A loop's count drops just before its request is queued (tracekit._core.asgi.leave):
+            # the sleep lets that thread finish the few steps between.
+            time.sleep(0.005)
+            running = any(view.inflight > 0 for view in live_views())
+            waiting = any(runtime._lingering for runtime in list(shutdown.runtimes))
+            if not (running or waiting) or time.monotonic() > deadline:
+                return not (running or waiting)
 
     def report(self, **options: Any) -> Any:
         """``tracekit.analyze(self.spans, **options)``: the analyzer's report of this recording."""
