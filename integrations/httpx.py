@@ -39,14 +39,12 @@ import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from random import randrange
 from types import MethodType, ModuleType
-from typing import Any, Final
+from typing import Any, Final, TypeVar, overload
 
 try:
     import httpx
 except ImportError as error:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        "tracekit.integrations.httpx needs httpx: pip install 'tracekit[httpx]'"
-    ) from error
+    raise ImportError("tracekit.integrations.httpx needs httpx: pip install 'tracekit[httpx]'") from error
 from opentelemetry import propagate
 
 from tracekit import semconv
@@ -389,7 +387,8 @@ def _begin(request: Any, settings: _Settings, streamed: bool, sync: bool) -> _Ca
             stage_timing.unbind(*tokens)
         host = request.url.host
         provider = settings.provider or next(
-            (name for suffix, name in _HOSTS if host.endswith(suffix)), endpoint[2])
+            (name for suffix, name in _HOSTS if host.endswith(suffix)), endpoint[2]
+        )
         try:
             call.requested(request, endpoint[1], provider)
         except Exception:
@@ -410,8 +409,7 @@ class _Flavour:
     def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.clients = (module.AsyncClient, module.Client)
-        self.async_stream: type[_AsyncBody] = type(
-            "AsyncBody", (_AsyncBody, module.AsyncByteStream), {})
+        self.async_stream: type[_AsyncBody] = type("AsyncBody", (_AsyncBody, module.AsyncByteStream), {})
         self.sync_stream: type[_SyncBody] = type("SyncBody", (_SyncBody, module.SyncByteStream), {})
 
 
@@ -556,6 +554,15 @@ def _flavour(name: str) -> _Flavour | None:
 
 def _unwrapped(fn: Any) -> Any:
     return getattr(fn, "_tracekit_original", fn)
+
+
+C = TypeVar("C")
+
+
+@overload
+def instrument(client: None = None, *, name: str = "model", provider: str | None = None) -> None: ...
+@overload
+def instrument(client: C, *, name: str = "model", provider: str | None = None) -> C: ...
 
 
 def instrument(client: Any = None, *, name: str = "model", provider: str | None = None) -> Any:

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 import tracekit
 from tracekit import semconv as sc
+from tracekit._core import stage_timing
 from tracekit._export import tracing
 from tracekit.integrations import httpx as tracekit_httpx
 
@@ -99,8 +100,9 @@ def upstream_app() -> Starlette:
             yield event("ping", {"type": "ping"})
             for i in range(n):
                 await asyncio.sleep(DELAY_S)
-                yield event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                    "delta": {"type": "text_delta", "text": WORDS[i]}})  # fmt: skip
+                delta = {"type": "content_block_delta", "index": 0,
+                         "delta": {"type": "text_delta", "text": WORDS[i]}}  # fmt: skip
+                yield event("content_block_delta", delta)
             yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
             yield event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
                                           "usage": {"output_tokens": n}})  # fmt: skip
@@ -248,7 +250,7 @@ def test_upstream_ttft_and_gaps_follow_the_model_servers_pace(model_server: Mode
 
 
 def test_the_reply_and_the_request_are_the_same_with_and_without_instrumentation(upstream: Any) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
     async def fetch(http: httpx.AsyncClient) -> tuple[bytes, bytes, Any, Any]:
         whole = await http.post(upstream.url + "/v1/chat/completions", json=body)
@@ -282,9 +284,9 @@ def test_an_anthropic_stream(upstream: Any) -> None:
             "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
 
     async def main() -> bytes:
-        async with tracekit_httpx.instrument(httpx.AsyncClient()) as http:
-            async with http.stream("POST", upstream.url + "/v1/messages", json=body) as reply:
-                return b"".join([chunk async for chunk in reply.aiter_bytes()])
+        async with tracekit_httpx.instrument(httpx.AsyncClient()) as http, \
+                http.stream("POST", upstream.url + "/v1/messages", json=body) as reply:  # fmt: skip
+            return b"".join([chunk async for chunk in reply.aiter_bytes()])
 
     with tracekit.record() as rec:
         raw = asyncio.run(main())
@@ -318,7 +320,7 @@ def test_a_stream_the_app_stops_reading_ends_the_stage_when_closed(upstream: Any
     async def main() -> int:
         async with tracekit_httpx.instrument(httpx.AsyncClient()) as http:
             async with http.stream("POST", upstream.url + "/v1/chat/completions", json=body) as reply:
-                chunks = reply.aiter_raw()
+                chunks: Any = reply.aiter_raw()
                 await chunks.__anext__()  # one chunk, and the iterator kept: only the close ends it
             closed = time.time_ns()
             await asyncio.sleep(0.2)  # the rest of the stream would have come by now
@@ -342,11 +344,11 @@ def test_the_apps_time_with_a_chunk_is_consumer_time_not_model_wait(upstream: An
 
     async def main() -> int:
         reads = 0
-        async with tracekit_httpx.instrument(httpx.AsyncClient()) as http:
-            async with http.stream("POST", upstream.url + "/v1/chat/completions", json=body) as reply:
-                async for _ in reply.aiter_raw():
-                    reads += 1
-                    await asyncio.sleep(hold_s)
+        async with tracekit_httpx.instrument(httpx.AsyncClient()) as http, \
+                http.stream("POST", upstream.url + "/v1/chat/completions", json=body) as reply:  # fmt: skip
+            async for _ in reply.aiter_raw():
+                reads += 1
+                await asyncio.sleep(hold_s)
         return reads
 
     with tracekit.record() as rec:
@@ -379,7 +381,8 @@ def test_in_a_gateway_the_model_call_is_a_child_of_the_request(upstream: Any, se
             text, _ = await chat(client, stream=False)
             return JSONResponse({"text": text})
         chunks = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True)
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+        )
 
         async def relay() -> AsyncIterator[str]:
             async for chunk in chunks:
@@ -397,7 +400,7 @@ def test_in_a_gateway_the_model_call_is_a_child_of_the_request(upstream: Any, se
     requests = [s for s in spans if s.kind.name == "SERVER"]
     models = model_spans(spans)
     assert len(requests) == 2 and len(models) == 2
-    for request, model in zip(requests, models):
+    for request, model in zip(requests, models, strict=True):
         assert model.parent.span_id == request.context.span_id
         assert model.context.trace_id == request.context.trace_id
     assert [tp for tp, _ in upstream.seen] == [traceparent_of(m) for m in models]
@@ -420,6 +423,7 @@ def test_process_wide_on_and_off(upstream: Any) -> None:
         try:
             assert httpx.AsyncClient.send is not original
             assert asyncio.run(call()) == 200
+
             # a client instrumented on its own as well: still one stage a call
             async def both() -> None:
                 async with tracekit_httpx.instrument(httpx.AsyncClient(), name="guard-model") as http:
@@ -464,7 +468,8 @@ def test_instrument_takes_httpx_clients_only() -> None:
 
 # --- tracekit's failures stay tracekit's --------------------------------------------------------
 @pytest.mark.parametrize("broken", ["requested", "_read", "_events", "_attributes"])
-def test_a_bug_in_reading_the_call_never_reaches_the_app(upstream: Any, monkeypatch: Any, broken: str) -> None:
+def test_a_bug_in_reading_the_call_never_reaches_the_app(upstream: Any, monkeypatch: Any,
+                                                        broken: str) -> None:  # fmt: skip
     def fail(*args: Any) -> None:
         raise RuntimeError("tracekit bug")
 
@@ -473,8 +478,9 @@ def test_a_bug_in_reading_the_call_never_reaches_the_app(upstream: Any, monkeypa
     async def main() -> Any:
         async with tracekit_httpx.instrument(httpx.AsyncClient()) as http:
             client = sdk(upstream.url, http)
-            return await chat(client, stream=False), await chat(client, stream=True,
-                                                              stream_options={"include_usage": True})
+            return await chat(client, stream=False), await chat(
+                client, stream=True, stream_options={"include_usage": True}
+            )
 
     with tracekit.record() as rec:
         whole, streamed = asyncio.run(main())
@@ -488,7 +494,7 @@ def test_a_bug_opening_the_stage_never_reaches_the_app(upstream: Any, monkeypatc
     def fail(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("tracekit bug")
 
-    monkeypatch.setattr(tracekit_httpx.stage_timing, "open_ledger", fail)
+    monkeypatch.setattr(stage_timing, "open_ledger", fail)
 
     async def main() -> Any:
         async with tracekit_httpx.instrument(httpx.AsyncClient()) as http:
