@@ -199,7 +199,7 @@ class _Call:
             return
         if not isinstance(body, bytes) or not body.startswith(b"{") or len(body) > MAX_BODY:
             return
-        fields = json.loads(body)
+        fields = json.loads(body.decode())  # str: json skips detecting the encoding of bytes
         if not isinstance(fields, dict):
             return
         model = fields.get("model")
@@ -220,7 +220,7 @@ class _Call:
             self.led.set_attribute(semconv.ERROR_TYPE, str(status))
         headers = response.headers
         kind = headers.get("content-type", "")
-        if headers.get("content-encoding", "identity") not in ("", "identity"):
+        if "content-encoding" in headers and headers["content-encoding"] not in ("", "identity"):
             kind = ""  # compressed: the bytes as they pass are not the events (a limit)
         if not streamed:
             if "json" in kind:
@@ -248,26 +248,22 @@ class _Call:
 
     def _events(self, chunk: bytes, now: int) -> None:
         """Server-sent events, line by line; an event ends at a blank line."""
-        buffer = self.buffer + chunk if self.buffer else chunk
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            line = buffer[start:end]
-            start = end + 1
-            if line.endswith(b"\r"):
+        lines = (self.buffer + chunk if self.buffer else chunk).split(b"\n")
+        self.buffer = lines.pop()  # a line not complete yet (b"" when the chunk ended one)
+        data, name = self.data, self.event
+        for line in lines:
+            if line[-1:] == b"\r":
                 line = line[:-1]
             if not line:
-                if self.data is not None:
-                    self._event(self.data, self.event, now)
-                self.data = self.event = None
-            elif line.startswith(b"data:"):
-                data = line[6:] if line.startswith(b"data: ") else line[5:]
-                self.data = data if self.data is None else self.data + b"\n" + data
-            elif line.startswith(b"event:"):
-                self.event = line[6:].strip()
-        self.buffer = buffer[start:]
+                if data is not None:
+                    self._event(data, name, now)
+                data = name = None
+            elif line[:5] == b"data:":
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                data = value if data is None else data + b"\n" + value
+            elif line[:6] == b"event:":
+                name = line[6:].strip()
+        self.data, self.event = data, name
         if len(self.buffer) > MAX_BODY:  # not events after all: stop looking
             self.mode, self.buffer = _OTHER, b""
 
@@ -305,7 +301,7 @@ class _Call:
         """Model and usage from one JSON document: a reply, or an event of a stream."""
         if len(body) > MAX_BODY:
             return
-        fields = json.loads(body)
+        fields = json.loads(body.decode())
         if not isinstance(fields, dict):
             return
         # Anthropic's message_start and OpenAI's Responses API events nest the reply.
