@@ -36,7 +36,7 @@ import importlib
 import json
 import re
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator
 from random import randrange
 from types import MethodType, ModuleType
 from typing import Any, Final, TypeVar, overload
@@ -415,34 +415,51 @@ class _AsyncBody:
     def __init__(self, inner: Any, call: _Call) -> None:
         self._inner = inner
         self._call = call
+        self._chunks: _AsyncChunks | None = None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        call = self._call
-        chunks = self._inner.__aiter__()
+    def __aiter__(self) -> _AsyncChunks:
+        chunks = self._chunks = _AsyncChunks(self._inner.__aiter__(), self._call)
+        return chunks
+
+    async def aclose(self) -> None:
         try:
-            while True:
-                try:
-                    chunk = await call.run(chunks.__anext__())
-                except StopAsyncIteration:
-                    break
-                call.received(chunk)
-                yield chunk
-        except GeneratorExit:  # the application stopped reading
+            if self._chunks is not None:
+                await self._chunks.aclose()
+            await self._inner.aclose()
+        finally:
+            self._call.finish(None)
+
+
+class _AsyncChunks:
+    """The iteration of an :class:`_AsyncBody` (an iterator, not an async generator: one
+    frame less a chunk)."""
+
+    __slots__ = ("_call", "_chunks")
+
+    def __init__(self, chunks: Any, call: _Call) -> None:
+        self._chunks = chunks
+        self._call = call
+
+    def __aiter__(self) -> _AsyncChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        call = self._call
+        try:
+            chunk: bytes = await call.run(self._chunks.__anext__())
+        except StopAsyncIteration:
             call.finish(None)
             raise
         except BaseException as exc:
             call.finish(exc)
             raise
-        finally:
-            if isinstance(chunks, AsyncGenerator):
-                await chunks.aclose()
-        call.finish(None)
+        call.received(chunk)
+        return chunk
 
     async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            self._call.finish(None)
+        """As httpx does with its own stream's iterator when a read is left half-way."""
+        if isinstance(self._chunks, AsyncGenerator):
+            await self._chunks.aclose()
 
 
 class _SyncBody:
@@ -451,34 +468,49 @@ class _SyncBody:
     def __init__(self, inner: Any, call: _Call) -> None:
         self._inner = inner
         self._call = call
+        self._chunks: _SyncChunks | None = None
 
-    def __iter__(self) -> Iterator[bytes]:
-        call = self._call
-        chunks = iter(self._inner)
+    def __iter__(self) -> _SyncChunks:
+        chunks = self._chunks = _SyncChunks(iter(self._inner), self._call)
+        return chunks
+
+    def close(self) -> None:
         try:
-            while True:
-                try:
-                    chunk = call.run_sync(next, chunks)
-                except StopIteration:
-                    break
-                call.received(chunk)
-                yield chunk
-        except GeneratorExit:
+            if self._chunks is not None:
+                self._chunks.close()
+            self._inner.close()
+        finally:
+            self._call.finish(None)
+
+
+class _SyncChunks:
+    """The iteration of a :class:`_SyncBody`."""
+
+    __slots__ = ("_call", "_chunks")
+
+    def __init__(self, chunks: Any, call: _Call) -> None:
+        self._chunks = chunks
+        self._call = call
+
+    def __iter__(self) -> _SyncChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        call = self._call
+        try:
+            chunk: bytes = call.run_sync(next, self._chunks)
+        except StopIteration:
             call.finish(None)
             raise
         except BaseException as exc:
             call.finish(exc)
             raise
-        finally:
-            if isinstance(chunks, Generator):
-                chunks.close()
-        call.finish(None)
+        call.received(chunk)
+        return chunk
 
     def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            self._call.finish(None)
+        if isinstance(self._chunks, Generator):
+            self._chunks.close()
 
 
 def _replied(call: _Call, response: Any, streamed: bool, flavour: _Flavour, sync: bool,
