@@ -407,6 +407,9 @@ def test_in_a_gateway_the_model_call_is_a_child_of_the_request(upstream: Any, se
     streamed, model = requests[1].attributes, models[1].attributes
     assert streamed[sc.TTFT_MS] >= model[sc.UPSTREAM_TTFT_MS] and streamed[sc.CHUNKS] == 7
     assert streamed[sc.MODEL_WAIT_MS] > 0
+    # the analyzer reads the CLIENT stage spans as model stages
+    [route] = tracekit.analyze(spans).to_dict()["routes"]
+    assert [(s["stage"], s["kind"]) for s in route["stages"]] == [("model", "model")]
 
 
 # --- process-wide ------------------------------------------------------------------------------
