@@ -445,12 +445,20 @@ def test_process_wide_on_and_off(upstream: Any) -> None:
 def test_process_wide_covers_the_openai_sdks_own_client(upstream: Any, process_wide: None) -> None:
     """OpenAI's SDK 3 makes an httpx2 client of its own when given none."""
     pytest.importorskip("httpx2")
+
+    async def main() -> Any:
+        client = sdk(upstream.url)
+        return await chat(client, stream=False), await chat(
+            client, stream=True, stream_options={"include_usage": True}
+        )
+
     with tracekit.record() as rec:
-        text, _ = asyncio.run(chat(sdk(upstream.url), stream=False))
-    assert text.startswith("alpha")
-    [span] = model_spans(rec.spans)
-    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
-    assert [tp for tp, _ in upstream.seen] == [traceparent_of(span)]
+        whole, streamed = asyncio.run(main())
+    assert whole[0].startswith("alpha") and streamed[1].completion_tokens == 6
+    first, second = model_spans(rec.spans)
+    assert first.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
+    assert second.attributes[sc.UPSTREAM_CHUNKS] == 7 and second.attributes[sc.CONSUMER_MS] > 0
+    assert [tp for tp, _ in upstream.seen] == [traceparent_of(first), traceparent_of(second)]
 
 
 def test_uninstrument_a_client(upstream: Any) -> None:
