@@ -54,6 +54,7 @@ from tracekit._core.driver import Stepped
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import Ledger, Site
 from tracekit._percentile import percentile
+from tracekit.errors import ConfigurationError
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -93,7 +94,7 @@ class _Settings:
 
     def __init__(self, name: str, provider: str | None) -> None:
         if not isinstance(name, str) or not name:
-            raise ValueError("instrument(name=...) needs a non-empty stage name")
+            raise ConfigurationError("instrument(name=...) needs a non-empty stage name")
         self.name = name
         self.provider = provider
         self.sites = {

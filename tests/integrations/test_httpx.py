@@ -29,6 +29,7 @@ import tracekit
 from tracekit import semconv as sc
 from tracekit._core import stage_timing
 from tracekit._export import tracing
+from tracekit.errors import ConfigurationError
 from tracekit.integrations import httpx as tracekit_httpx
 
 from ..conftest import settled
@@ -473,9 +474,22 @@ def test_uninstrument_a_client(upstream: Any) -> None:
     assert not model_spans(rec.spans) and upstream.seen[0][0] is None
 
 
-def test_instrument_takes_httpx_clients_only() -> None:
+def test_instrument_takes_httpx_clients_and_a_stage_name() -> None:
     with pytest.raises(TypeError, match="httpx Client or AsyncClient"):
         tracekit_httpx.instrument(object())
+    with pytest.raises(ConfigurationError, match="stage name"):
+        tracekit_httpx.instrument(httpx.AsyncClient(), name="")
+
+
+def test_the_provider_given(upstream: Any) -> None:
+    async def main() -> None:
+        async with tracekit_httpx.instrument(httpx.AsyncClient(), name="local", provider="vllm") as http:
+            await chat(sdk(upstream.url, http), stream=False)
+
+    with tracekit.record() as rec:
+        asyncio.run(main())
+    [span] = model_spans(rec.spans)
+    assert span.name == "local" and span.attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
 
 
 # --- tracekit's failures stay tracekit's --------------------------------------------------------
