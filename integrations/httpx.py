@@ -233,8 +233,8 @@ class _Call:
     def received(self, chunk: bytes) -> None:
         """A chunk of the reply's body arrived (as the application reads it)."""
         try:
-            if self.mode == _SSE:
-                self._events(chunk, clock.wall_ns())
+            if self.mode == _SSE:  # arrived when the read returned
+                self._events(chunk, self.yielded_at or clock.wall_ns())
             elif self.mode == _JSON and chunk:
                 self.body_size += len(chunk)
                 if self.body_size > MAX_BODY:
