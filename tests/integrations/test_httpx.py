@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,6 +36,11 @@ from tracekit.integrations import httpx as tracekit_httpx
 from ..conftest import settled
 from ..helpers import ROOT
 from ..loop.proxy import ModelServer
+
+try:  # the model server's own spans, and the OTLP receiver their tests use (issue 15 item 3)
+    from ..demo.otlp_collector import collector
+except ImportError:
+    collector = None
 
 MODEL = "echo-1"
 SERVED = "echo-1-2024-12-04"  # the model the app says answered (gen_ai.response.model)
@@ -226,8 +232,9 @@ def test_a_stream_with_usage(upstream: Any) -> None:
 
 def test_upstream_ttft_and_gaps_follow_the_model_servers_pace(model_server: ModelServer) -> None:
     """The example model server: 60 ms prefill, then a token every 20 ms, no usage in its
-    streams (so output tokens are counted chunks). Wide margins: a busy 2-core host."""
-    tokens = 10
+    streams (so output tokens are counted chunks). Wide margins: on a busy 2-core host a read
+    delayed by a stall of the test's own loop makes the chunks after it arrive together."""
+    tokens = 20
 
     async def main() -> Any:
         async with tracekit_httpx.instrument(httpx.AsyncClient()) as http:
@@ -244,7 +251,7 @@ def test_upstream_ttft_and_gaps_follow_the_model_servers_pace(model_server: Mode
     assert a[sc.UPSTREAM_CHUNKS] == tokens
     assert 60 + 20 - 5 <= a[sc.UPSTREAM_TTFT_MS] <= 80 + 400
     assert 0.5 * 20 <= a[sc.UPSTREAM_ITL_P50_MS] <= 20 + 60
-    assert 0.8 * 20 <= a[sc.UPSTREAM_TPOT_MS] <= 20 + 60
+    assert 0.5 * 20 <= a[sc.UPSTREAM_TPOT_MS] <= 20 + 60
     assert a[sc.UPSTREAM_ITL_P50_MS] <= a[sc.UPSTREAM_ITL_P95_MS] <= a[sc.UPSTREAM_ITL_MAX_MS]
     # the stage waited for the model: most of its wall time
     assert a[sc.WAIT_MS] >= 0.5 * (60 + 20 * tokens)
@@ -567,3 +574,63 @@ def test_without_httpx_the_error_names_the_extra() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "TRACEKIT_PURE_PYTHON": "1"})  # fmt: skip
     assert "pip install 'tracekit[httpx]'" in out.stdout, out.stderr
+
+
+# --- with the model server's own spans (vLLM's llm_request) ---------------------------------------
+@pytest.mark.slow
+def test_one_trace_from_the_gateway_through_the_client_span_to_the_model_servers_span(
+    serve: Any, otel_globals: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The OpenAI SDK on an instrumented client in a gateway, the example model server
+    exporting its ``llm_request`` spans: each is the child of the call's CLIENT model span,
+    and the report splits the model wait into network, queue, prefill and decode."""
+    if collector is None:
+        pytest.skip(
+            "needs the model server's llm_request spans and tests/demo/otlp_collector.py (issue 15 item 3)"
+        )
+    with collector() as otlp:
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # the server exports within 50 ms
+        server = ModelServer("--serial", "--prefill-ms", "10", "--decode-ms", "5",
+                             "--otlp-traces-endpoint", f"{otlp.url}/v1/traces")  # fmt: skip
+        try:
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.url)
+            tracekit.configure(service_name="gateway", exporter="otlp")
+            client = sdk(server.url, tracekit_httpx.instrument(httpx.AsyncClient()))
+
+            async def completions(request: Request) -> Any:
+                text, _ = await chat(client, stream=request.query_params.get("stream") == "1", max_tokens=4)
+                return JSONResponse({"text": text})
+
+            app = Starlette(routes=[Route("/chat", completions, methods=["POST"])])
+            gateway = serve(tracekit.TracekitMiddleware(app))
+
+            async def drive() -> None:
+                async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as caller:
+
+                    async def worker(i: int) -> None:
+                        for j in range(3):
+                            path = "/chat?stream=1" if (i + j) % 2 else "/chat"
+                            (await caller.post(path)).raise_for_status()
+
+                    await asyncio.gather(*(worker(i) for i in range(4)))
+
+            asyncio.run(drive())
+            tracing.flush_all()
+            assert len(otlp.wait_for(sc.VLLM_REQUEST_SPAN, 12)) == 12
+        finally:
+            server.stop()
+        spans = {s.span_id: (service, s) for service, s in otlp.spans()}
+        path = otlp.write_jsonl(tmp_path / "collected.jsonl")
+    client_kind = 3  # OTLP's SPAN_KIND_CLIENT
+    for service, span in spans.values():
+        if span.name == sc.VLLM_REQUEST_SPAN:
+            parent_service, parent = spans[span.parent_span_id]
+            assert (service, parent_service, parent.name, parent.kind) == ("model-server", "gateway", "model",
+                                                                           client_kind)  # fmt: skip
+            assert parent.trace_id == span.trace_id
+            grand_service, grand = spans[parent.parent_span_id]
+            assert grand_service == "gateway" and grand.kind == 2  # the request's SERVER span
+    (route,) = tracekit.analyze(str(path)).to_dict()["routes"]
+    assert route["requests"] == 12
+    split = route["model_wait_split_ms"]
+    assert split["requests"] == 12 and split["queue"] > 0 and split["prefill"] > 0 and split["decode"] > 0
