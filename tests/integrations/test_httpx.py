@@ -285,6 +285,22 @@ def test_the_reply_and_the_request_are_the_same_with_and_without_instrumentation
     assert [tp is None for tp, _ in upstream.seen] == [True] * 4 + [False] * 4
 
 
+def test_a_json_reply_read_as_a_stream(upstream: Any) -> None:
+    """``send(stream=True)`` of a reply that is one JSON document: its usage still read, at the end."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+    async def main() -> Any:
+        async with tracekit_httpx.instrument(httpx.AsyncClient()) as http, \
+                http.stream("POST", upstream.url + "/v1/chat/completions", json=body) as reply:  # fmt: skip
+            return json.loads(await reply.aread())
+
+    with tracekit.record() as rec:
+        assert asyncio.run(main())["usage"]["completion_tokens"] == 3
+    a = model_spans(rec.spans)[0].attributes
+    assert a[sc.STAGE_SHAPE] == sc.SHAPE_ASYNC_GENERATOR and a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
+    assert a[sc.GEN_AI_RESPONSE_MODEL] == SERVED and sc.UPSTREAM_CHUNKS not in a
+
+
 def test_an_anthropic_stream(upstream: Any) -> None:
     """Named events (Anthropic's Messages API): text deltas are the chunks; usage from
     message_start (input) and message_delta (output); the provider from the path."""
