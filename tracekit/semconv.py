@@ -152,6 +152,27 @@ GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"  # seconds
+# Values of gen_ai.operation.name and gen_ai.provider.name the httpx integration writes.
+GEN_AI_OPERATION_CHAT: Final = "chat"
+GEN_AI_OPERATION_TEXT_COMPLETION: Final = "text_completion"
+GEN_AI_OPERATION_EMBEDDINGS: Final = "embeddings"
+GEN_AI_PROVIDER_OPENAI: Final = "openai"
+GEN_AI_PROVIDER_AZURE_OPENAI: Final = "azure.ai.openai"
+GEN_AI_PROVIDER_ANTHROPIC: Final = "anthropic"
+
+# --- a model call's stream as it arrived (the httpx integration, on the model stage) --------
+# The model server's own pace, as the gateway read it, beside the gateway's reply's pace
+# (TTFT_MS, ITL_*, TPOT_MS, CHUNKS on the request span): same definitions, over the
+# streamed events (SSE) of the model's reply, from the model call's start.
+UPSTREAM_TTFT_MS: Final = "tracekit.upstream.ttft_ms"
+UPSTREAM_ITL_P50_MS: Final = "tracekit.upstream.itl_p50_ms"
+UPSTREAM_ITL_P95_MS: Final = "tracekit.upstream.itl_p95_ms"
+UPSTREAM_ITL_MAX_MS: Final = "tracekit.upstream.itl_max_ms"
+UPSTREAM_TPOT_MS: Final = "tracekit.upstream.tpot_ms"
+UPSTREAM_CHUNKS: Final = "tracekit.upstream.chunks"
+# True when gen_ai.usage.output_tokens is the count of streamed chunks, not the server's figure
+# (a stream without usage: no stream_options.include_usage).
+UPSTREAM_TOKENS_COUNTED: Final = "tracekit.upstream.tokens_counted"
 
 # --- vLLM's own request spans (joined through traceparent) --------------------------------
 # vLLM's names (vllm/tracing.py SpanAttributes, not OpenTelemetry conventions): its SERVER

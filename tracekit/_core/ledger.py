@@ -49,12 +49,16 @@ class Site:
             by key).
     """
 
-    __slots__ = ("function", "kind", "name", "namespace", "shape", "template")
+    __slots__ = ("client_call", "function", "kind", "name", "namespace", "shape", "template")
 
     def __init__(self, name: str, kind: str, function: str | None = None,
-                 namespace: str | None = None, shape: str = semconv.SHAPE_BLOCK) -> None:  # fmt: skip
+                 namespace: str | None = None, shape: str = semconv.SHAPE_BLOCK,
+                 client_call: bool = False) -> None:  # fmt: skip
         self.name = name
         self.kind = kind
+        # A call to another service (an HTTP client's request to the model server): its span
+        # is a CLIENT span, as OpenTelemetry's client conventions (GenAI's included) ask.
+        self.client_call = client_call
         self.function = function
         self.namespace = namespace
         self.shape = shape

@@ -23,6 +23,7 @@ _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _OK: Final = Status(StatusCode.UNSET)
 _INTERNAL: Final = SpanKind.INTERNAL
 _SERVER: Final = SpanKind.SERVER
+_CLIENT: Final = SpanKind.CLIENT
 # exception.stacktrace: characters kept (its end: the innermost frames and the message), frames
 # kept per exception (the innermost), exceptions kept of a __cause__/__context__ chain.
 MAX_STACKTRACE: Final = 8192
@@ -83,7 +84,8 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
         spans.append(sdk.readable_span(
             led.site.name, context, parent, resource,
             span_attributes.stage_attributes(led, wall, children, wait, loop_wait),
-            _events(led, offset) if led.blocked else (), _INTERNAL,
+            _events(led, offset) if led.blocked else (),
+            _CLIENT if led.site.client_call else _INTERNAL,
             _status(led.error, limit) if led.error is not None else _OK,
             led.start + offset, span_attributes.ledger_end(led, open_at) + offset, scope,
         ))  # fmt: skip
