@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -255,3 +256,25 @@ def test_a_streamed_reply_ends_with_its_span_and_no_traceparent_starts_a_trace(o
     assert span.parent_span_id == b"" and span.kind == SERVER  # a root: nobody sent a traceparent
     assert attrs[sc.VLLM_USAGE_PROMPT_TOKENS] == 3 and attrs[sc.VLLM_USAGE_COMPLETION_TOKENS] == 3
     assert attrs[sc.VLLM_REQUEST_ID] == "cmpl-1" and attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] == 3
+
+
+def test_a_stream_asked_for_usage_ends_with_a_usage_chunk() -> None:
+    """``stream_options.include_usage``, as OpenAI and vLLM answer it: a last chunk with no
+    choices and the usage, before ``[DONE]``; without it, no usage chunk."""
+    app = make_app(prefill_ms=1, decode_ms=1, max_num_seqs=4, tracing=None)
+
+    async def run(options: dict[str, Any]) -> list[str]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://model") as client:
+            body = {"messages": [{"role": "user", "content": "a b c d"}], "max_tokens": 5,
+                    "stream": True, **options}  # fmt: skip
+            response = await client.post("/v1/chat/completions", json=body)
+            return [line for line in response.text.splitlines() if line.startswith("data: ")]
+
+    lines = asyncio.run(run({"stream_options": {"include_usage": True}}))
+    assert len(lines) == 7 and lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2].removeprefix("data: "))
+    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 4, "completion_tokens": 5,
+                                                       "total_tokens": 9}  # fmt: skip
+    plain = asyncio.run(run({}))
+    assert len(plain) == 6 and all("usage" not in line for line in plain)

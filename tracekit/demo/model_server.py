@@ -218,6 +218,10 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
         finally:
             engine.release()
 
+    def usage(timeline: Timeline) -> dict[str, int]:
+        return {"prompt_tokens": timeline.prompt_tokens, "completion_tokens": timeline.tokens,
+                "total_tokens": timeline.prompt_tokens + timeline.tokens}  # fmt: skip
+
     def finish(timeline: Timeline, request: Request) -> None:
         if tracing is not None:
             tracing.record(timeline, request.headers, time.perf_counter())
@@ -231,13 +235,11 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
         if not body.get("stream"):
             words = [w async for w in generate(timeline)]
             finish(timeline, request)
-            n = timeline.tokens
             return JSONResponse({
                 "id": timeline.request_id, "object": "chat.completion", "created": created, "model": "sim-1",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": " ".join(words)},
                              "finish_reason": "length"}],
-                "usage": {"prompt_tokens": timeline.prompt_tokens, "completion_tokens": n,
-                          "total_tokens": timeline.prompt_tokens + n},
+                "usage": usage(timeline),
             }, headers={"x-model-ms": f"{(time.perf_counter() - began) * 1000:.3f}",
                 "x-model-done-ns": str(time.perf_counter_ns())})  # fmt: skip
 
@@ -247,6 +249,10 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
                          "choices": [{"index": 0, "delta": {"content": word + " "}}]}  # fmt: skip
                 yield f"data: {json.dumps(chunk)}\n\n"
             finish(timeline, request)
+            if (body.get("stream_options") or {}).get("include_usage"):  # as OpenAI and vLLM do
+                last = {"id": timeline.request_id, "object": "chat.completion.chunk", "model": "sim-1",
+                        "choices": [], "usage": usage(timeline)}  # fmt: skip
+                yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
