@@ -30,7 +30,7 @@ projects a relative change, DESIGN §4), the measured after, the error
 the host's load average during the two runs. Every server is started here and stopped by its
 PID; every run is bounded in requests and seconds.
 
-Run: python bench/validate.py [--quick] [--cases a,b] [--loads closed:4,closed:12,open]
+Run: python bench/validate.py [--quick] [--cases a,b] [--loads closed:2,closed:6,open]
      [--requests 240] [--markdown out.md] [--json out.json] [--keep DIR]
 """
 
@@ -70,8 +70,9 @@ class Case:
 CASES = {
     "cpu-on-loop": Case("cpu-on-loop", "tokenize", "asyncio.to_thread", 30),
     "blocking-call-on-loop": Case("blocking-call-on-loop", "lookup", "asyncio.to_thread", 20),
-    "serialized-model-calls": Case("serialized-model-calls", "model", "--max-num-seqs", 12,
-                                   ("--prefill-ms", "10", "--decode-ms", "2")),  # fmt: skip
+    "serialized-model-calls": Case(
+        "serialized-model-calls", "model", "--max-num-seqs", 12, ("--prefill-ms", "10", "--decode-ms", "2")
+    ),  # fmt: skip
     "sequential-independent": Case("sequential-independent", "guardrail", "create_task", 30),
 }
 MAX_TOKENS = 8  # the model call: prefill + 8 decodes
@@ -326,7 +327,11 @@ def record(case: str, fixed: bool, load: tuple[str, float], requests: int, folde
 # --- analysis (the CLI, as a user runs it) ---------------------------------------------------
 
 
+CORES: list[str] = []  # ["--cores", N] when given: the gateway host's cores for the replay
+
+
 def _cli(*args: str) -> dict[str, Any]:
+    args = (*args, *CORES)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, "-m", "tracekit", *args, "--format", "json"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -375,6 +380,7 @@ def evaluate(case_name: str, load: tuple[str, float], requests: int, folder: Pat
         return row
     row["measured"] = {m: route["latency_ms"][m] for m in ("p50", "p95")}
     row["throughput"] = route["throughput_rps"]
+    row["breakdown"] = route.get("breakdown_ms")
     checks = [p for p in route["projections"] if p["selected"]]
     if checks and projected:
         row["check"] = checks[0]
@@ -435,6 +441,17 @@ def direction(row: dict[str, Any]) -> str:
     return "yes" if signs and all(signs) else "no (not significant)" if signs else "—"
 
 
+def _moved(row: dict[str, Any]) -> str:
+    # The measured breakdown's two largest changes (mean ms per request): where the fix
+    # moved the time, to set against what the replay assumed.
+    parts = []
+    for key, change in (row.get("breakdown") or {}).items():
+        if change.get("before") is not None and change.get("after") is not None:
+            parts.append((change["after"] - change["before"], key))
+    parts.sort(key=lambda p: -abs(p[0]))
+    return ", ".join(f"{k.replace('_', ' ')} {d:+.0f}" for d, k in parts[:2]) or "—"
+
+
 def _client(row: dict[str, Any]) -> str:
     # What the load generator saw, which includes time no span covers (a request waiting in
     # the listen socket while the loop is held).
@@ -445,10 +462,12 @@ def _client(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| rule | load | C / rate | requests | projected p50 (range) | measured p50 | error "
-            "| projected p95 (range) | measured p95 | error | direction right? | compare "
-            "| client-side p50 / p95 | load avg |")
-    lines = [head, "|" + "---|" * 14]
+    head = (
+        "| rule | load | C / rate | requests | projected p50 (range) | measured p50 | error "
+        "| projected p95 (range) | measured p95 | error | direction right? | compare "
+        "| client-side p50 / p95 | breakdown moved (ms/req) | load avg |"
+    )
+    lines = [head, "|" + "---|" * 15]
     for row in rows:
         load = f"{row['value']:g}" + (" clients" if row["load"] == "closed" else "/s")
         p50 = _cell(row, "p50_ms")
@@ -456,7 +475,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         verdict = (row.get("check") or {}).get("verdict") or (row.get("note") or "no projection")
         lines.append(f"| {row['rule']} | {row['load']} | {load} | {row['requests']} | {p50[0]} "
                      f"| {p50[1]} | {p50[2]} | {p95[0]} | {p95[1]} | {p95[2]} | {direction(row)} "
-                     f"| {' '.join(str(verdict).split())[:160]} | {_client(row)} "
+                     f"| {' '.join(str(verdict).split())[:160]} | {_client(row)} | {_moved(row)} "
                      f"| {row['load_avg']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -466,17 +485,20 @@ def summary(rows: list[dict[str, Any]]) -> str:
     errs = [abs(e) for r in projected for e in errors(r).values()]
     wrong = sum(direction(r) == "no" for r in projected)
     median = f"{100 * statistics.median(errs):.0f}%" if errs else "—"
-    return (f"projections: {len(projected)} of {len(rows)} cases; median |error| (p50 and p95): "
-            f"{median}; wrong direction: {wrong}")
+    return (
+        f"projections: {len(projected)} of {len(rows)} cases; median |error| (p50 and p95): "
+        f"{median}; wrong direction: {wrong}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated rule ids")
-    parser.add_argument("--loads", default="closed:4,closed:12,open",
+    parser.add_argument("--loads", default="closed:2,closed:6,open",
                         help="closed:C and open[:RATE] (default rate: the case's)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=240, help="per run")
     parser.add_argument("--quick", action="store_true", help="smoke run: one closed load, 40 requests")
+    parser.add_argument("--cores", type=int, help="passed to tracekit analyze and compare")
     parser.add_argument("--keep", help="write the traces here (default: a temporary folder)")
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--json", help="write the rows here")
@@ -497,6 +519,8 @@ def main() -> None:
         parser.error(f"unknown case {unknown[0]!r}; expected some of {', '.join(CASES)}")
     if args.quick:
         args.loads, args.requests = "closed:4", 40
+    if args.cores:
+        CORES.extend(["--cores", str(args.cores)])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.keep or tmp)
