@@ -26,12 +26,16 @@ next to the measured one. The cases (rule: defect → the fix the report propose
 The table: projected p50 / p95 after the fix (with the replay's range), both rescaled to the
 measured BEFORE (``measured before × projected after / projected before``: the replay
 projects a relative change, DESIGN §4), the measured after, the error
-(``projected / measured − 1``), whether the direction was right (``compare``'s verdict), and
-the host's load average during the two runs. Every server is started here and stopped by its
-PID; every run is bounded in requests and seconds.
+(``projected / measured − 1``), whether the direction was right (``compare``'s verdict; "not
+significant" when the signs differ but the measured interval reaches the projection), the
+latency the load generator saw (it includes what no span covers: a request waiting in the
+listen socket while the loop is held), the two largest changes of the measured breakdown
+(where the fix moved the time), and the host's 1-minute load average (the larger at the
+start and end of the two runs). Every server is started here and stopped by its PID; every
+run is bounded in requests and seconds.
 
 Run: python bench/validate.py [--quick] [--cases a,b] [--loads closed:2,closed:6,open]
-     [--requests 240] [--markdown out.md] [--json out.json] [--keep DIR]
+     [--requests 240] [--cores N] [--markdown out.md] [--json out.json] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -436,9 +441,20 @@ def direction(row: dict[str, Any]) -> str:
         m = _metric(row, name)
         if m is None or m["measured_change_pct"] is None or m["projected_change_pct"] is None:
             continue
-        proj = sum(m["projected_change_pct"]) / 2
+        before, after = m["projected"]
+        proj = 100 * (after / before - 1) if before else 0.0
         signs.append((proj > 0) == (m["measured_change_pct"] > 0) or abs(proj) < 1)
     return "yes" if signs and all(signs) else "no (not significant)" if signs else "—"
+
+
+def _declined(note: str | None) -> str:
+    # The replay's decline in short: its errors replaying the trace as recorded.
+    if note is None:
+        return "no projection"
+    errs = re.findall(r"([+-]\d+%);", note)
+    if note.startswith("the replay could not reproduce") and len(errs) == 2:
+        return f"declined (replayed as recorded: p50 {errs[0]}, p95 {errs[1]})"
+    return " ".join(note.split())[:120]
 
 
 def _moved(row: dict[str, Any]) -> str:
@@ -472,10 +488,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         load = f"{row['value']:g}" + (" clients" if row["load"] == "closed" else "/s")
         p50 = _cell(row, "p50_ms")
         p95 = _cell(row, "p95_ms")
-        verdict = (row.get("check") or {}).get("verdict") or (row.get("note") or "no projection")
+        verdict = (row.get("check") or {}).get("verdict") or _declined(row.get("note"))
         lines.append(f"| {row['rule']} | {row['load']} | {load} | {row['requests']} | {p50[0]} "
                      f"| {p50[1]} | {p50[2]} | {p95[0]} | {p95[1]} | {p95[2]} | {direction(row)} "
-                     f"| {' '.join(str(verdict).split())[:160]} | {_client(row)} | {_moved(row)} "
+                     f"| {verdict} | {_client(row)} | {_moved(row)} "
                      f"| {row['load_avg']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -502,6 +518,7 @@ def main() -> None:
     parser.add_argument("--keep", help="write the traces here (default: a temporary folder)")
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--table-from", metavar="JSON", help="print the table of saved rows (--json)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--fixed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -512,6 +529,10 @@ def main() -> None:
 
         app = make_app(args.serve, args.fixed, f"http://127.0.0.1:{args.model_port}")
         uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+        return
+    if args.table_from:
+        rows = json.loads(Path(args.table_from).read_text())
+        print(f"{table(rows)}\n\n{summary(rows)}")
         return
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in CASES]
