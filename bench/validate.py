@@ -73,7 +73,7 @@ ROUTE = "/chat"
 @dataclass(frozen=True)
 class Case:
     rule: str
-    stage: str
+    stage: str  # the finding's stage ("": a finding of the whole route, as gc-pauses')
     fix: str  # the fix applied, as the report words it (checked against the finding's code)
     open_rate: float  # Poisson arrivals per second: below the defective gateway's capacity
     model_args: tuple[str, ...] = ("--prefill-ms", "20", "--decode-ms", "2")
@@ -84,7 +84,7 @@ CASES = {
     "blocking-call-on-loop": Case("blocking-call-on-loop", "lookup", "asyncio.to_thread", 20),
     "serialized-model-calls": Case(
         "serialized-model-calls", "model", "--max-num-seqs", 12, ("--prefill-ms", "10", "--decode-ms", "2")
-    ),  # fmt: skip
+    ),
     "sequential-independent": Case("sequential-independent", "guardrail", "create_task", 30),
     "gc-pauses": Case("gc-pauses", "", "gc.freeze()", 30),
 }
