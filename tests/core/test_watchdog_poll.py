@@ -144,3 +144,33 @@ def test_a_failing_gil_free_poll_falls_back_to_polling_in_python(caplog: pytest.
         assert "watchdog poll" in caplog.text
     finally:
         watchdog.stop()
+
+
+def _calls(*filenames: str) -> object:
+    """A frame whose callers' code lives in ``filenames`` (outermost first), as sampled."""
+    import functools
+    import sys
+
+    call: object = sys._getframe
+    for filename in reversed(filenames):  # partial: no frame of its own between them
+        namespace: dict[str, object] = {}
+        exec(compile("def f(inner):\n    return inner()\n", filename, "exec"), namespace)
+        call = functools.partial(namespace["f"], call)  # type: ignore[arg-type]
+    return call()  # type: ignore[operator]
+
+
+def test_tracekits_own_work_is_not_an_application_block() -> None:
+    """Starting tracekit's export thread on a first request (a catch a validation run showed
+    as the app's blocking call) is tracekit's own work; the app's code calling a library is
+    the app's, whatever tracekit frame is outside it; tracekit's frames are never shown."""
+    package = os.path.dirname(os.path.dirname(watchdog.__file__))
+    app = os.path.join(os.getcwd(), "app", "handlers.py")
+    middleware = os.path.join(package, "middleware.py")
+    exporting = os.path.join(package, "_export", "tracing.py")
+    library = os.path.join(os.path.dirname(threading.__file__), "threading.py")
+
+    frames, own = watchdog._stack(_calls(middleware, app, exporting, library))  # type: ignore[arg-type]
+    assert own and [f for f, _, _ in frames[:2]] == [library, app]
+    frames, own = watchdog._stack(_calls(exporting, middleware, app, library))  # type: ignore[arg-type]
+    assert not own and watchdog._blame(frames).startswith("app/handlers.py:2 in f")
+    assert not any(f.startswith(package) for f, _, _ in frames)

@@ -44,7 +44,11 @@ MAX_CATCHES = 4  # per ledger
 PRUNE_S = 1.0
 STACK_DEPTH = 12
 
-_TRACEKIT_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# tracekit's own work, when it runs on the loop (starting its export thread, building spans,
+# writing a trace file): its cost, never an application's block. Its other frames (the
+# middleware, stage wrappers, the loop driver) are on every request's stack: left out.
+_OWN_WORK_DIRS = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in ("_export", "exporters"))
 _LIBRARY_DIRS = tuple(
     {p for key in ("stdlib", "platstdlib", "purelib", "platlib")
      if (p := sysconfig.get_paths().get(key))}
@@ -160,11 +164,11 @@ class Watchdog:
         ledger = state.top
         if frame is None or ledger is None:
             return
-        frames = _stack(frame)
+        frames, own = _stack(frame)
         if state.seq != seq or state.top is not ledger:
             return  # the slice ended while we looked
         self._sampled[state.ident or 0] = seq
-        if not frames:
+        if not frames or own:
             return
         blamed = _blame(frames)
         stack = "\n".join(f"{short_path(f)}:{line} in {name}" for f, line, name in frames)
@@ -175,21 +179,32 @@ class Watchdog:
             catches.append((clock.wall_ns(), held_ns / 1e6, blamed, stack))
 
 
-def _stack(frame: FrameType | None) -> list[tuple[str, int, str]]:
-    """Innermost-first (file, line, function), skipping tracekit's own frames."""
+def _stack(frame: FrameType | None) -> tuple[list[tuple[str, int, str]], bool]:
+    """Innermost-first (file, line, function) without tracekit's frames, and whether the
+    thread was in tracekit's own work (inside any application frame there is)."""
     frames: list[tuple[str, int, str]] = []
+    own: bool | None = None  # decided by the innermost frame that is tracekit's work or the app's
     while frame is not None and len(frames) < STACK_DEPTH:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_TRACEKIT_DIR):
+        if filename.startswith(_PACKAGE_DIR):
+            if own is None and filename.startswith(_OWN_WORK_DIRS):
+                own = True
+        else:
             frames.append((filename, frame.f_lineno or 0, frame.f_code.co_name))
+            if own is None and _is_application(filename):
+                own = False
         frame = frame.f_back
-    return frames
+    return frames, bool(own)
+
+
+def _is_application(filename: str) -> bool:
+    return not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<")
 
 
 def _blame(frames: list[tuple[str, int, str]]) -> str:
     """The innermost application frame (not the stdlib's or an installed package's)."""
     for filename, line, name in frames:
-        if not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"):
+        if _is_application(filename):
             return f"{short_path(filename)}:{line} in {name}"
     filename, line, name = frames[0]
     return f"{short_path(filename)}:{line} in {name}"
