@@ -9,6 +9,7 @@ replies are deterministic (byte-for-byte comparisons), that streams usage when a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -154,6 +155,18 @@ def process_wide() -> Iterator[None]:
 
 def sdk(url: str, http_client: Any = None) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0, http_client=http_client)
+
+
+def closing(client: openai.AsyncOpenAI) -> Any:
+    """A lifespan for a gateway app that closes its model client when the server stops (its
+    connections, left to the garbage collector, would warn in whichever test collects next)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        await client.close()
+
+    return lifespan
 
 
 async def chat(client: openai.AsyncOpenAI, stream: bool, max_tokens: int = 6, **extra: Any) -> Any:
@@ -415,7 +428,8 @@ def test_in_a_gateway_the_model_call_is_a_child_of_the_request(upstream: Any, se
 
         return StreamingResponse(relay(), media_type="text/event-stream")
 
-    gateway = tracekit.TracekitMiddleware(Starlette(routes=[Route("/chat", completions, methods=["POST"])]))
+    routes = [Route("/chat", completions, methods=["POST"])]
+    gateway = tracekit.TracekitMiddleware(Starlette(routes=routes, lifespan=closing(client)))
     with tracekit.record() as rec:
         server = serve(gateway)
         with httpx.Client(base_url=server.url, timeout=30) as caller:
@@ -471,10 +485,10 @@ def test_process_wide_covers_the_openai_sdks_own_client(upstream: Any, process_w
     pytest.importorskip("httpx2")
 
     async def main() -> Any:
-        client = sdk(upstream.url)
-        return await chat(client, stream=False), await chat(
-            client, stream=True, stream_options={"include_usage": True}
-        )
+        async with sdk(upstream.url) as client:
+            return await chat(client, stream=False), await chat(
+                client, stream=True, stream_options={"include_usage": True}
+            )
 
     with tracekit.record() as rec:
         whole, streamed = asyncio.run(main())
@@ -617,7 +631,7 @@ def test_one_trace_from_the_gateway_through_the_client_span_to_the_model_servers
                 text, _ = await chat(client, stream=request.query_params.get("stream") == "1", max_tokens=4)
                 return JSONResponse({"text": text})
 
-            app = Starlette(routes=[Route("/chat", completions, methods=["POST"])])
+            app = Starlette(routes=[Route("/chat", completions, methods=["POST"])], lifespan=closing(client))
             gateway = serve(tracekit.TracekitMiddleware(app))
 
             async def drive() -> None:

@@ -12,6 +12,7 @@ service time in the ``x-model-ms`` header, the independent measure of model wait
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,15 @@ class Proxy:
         self.background: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
         routes = [Route("/v1/chat/completions", self.completions, methods=["POST"])]
-        self.app = tracekit.TracekitMiddleware(Starlette(routes=routes))
+        self.app = tracekit.TracekitMiddleware(Starlette(routes=routes, lifespan=self._lifespan))
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Any) -> AsyncIterator[None]:
+        # Its connections closed with the server (left to the collector, they warn in a later test).
+        yield
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:
