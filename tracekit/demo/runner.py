@@ -283,12 +283,12 @@ def run_load(options: Options, services: Services, label: str, traces: Path,
 
 
 def top_fix(report: Any) -> tuple[Any, str] | None:
-    """The first finding with a projection whose fix the demo has a switch for."""
-    for f in report.findings:
-        switch = SWITCHES.get((f.rule, f.stage))
-        if switch is not None and f.projection:
-            return f, switch
-    return None
+    """The finding whose fix the demo applies: the first one with a projection and a switch
+    (the one ``tracekit compare`` checks by default), else the first one with a switch."""
+    switchable = [(f, SWITCHES[(f.rule, f.stage)]) for f in report.findings
+                  if (f.rule, f.stage) in SWITCHES]  # fmt: skip
+    projected = [(f, switch) for f, switch in switchable if f.projection]
+    return (projected or switchable or [None])[0]
 
 
 def run(options: Options) -> int:
@@ -320,15 +320,20 @@ def run(options: Options) -> int:
               f"traces: {before}", flush=True)  # fmt: skip
         chosen = top_fix(report)
         if chosen is None:
-            print("no finding with a projection that the demo can switch on: nothing to measure")
+            print("no finding the demo has a switch for: nothing to apply")
             return 0
         finding, switch = chosen
         name = f"{finding.rule}:{finding.stage}"
-        print(f"\napplying the top fix, {name}: {SWITCH_WORDS[switch]}; the same load again",
+        top = report.findings[0]
+        if finding is not top:
+            print(f"\n(the first finding, {top.rule}:{top.stage}, has no projection to check)")
+        print(f"\napplying the fix of {name}: {SWITCH_WORDS[switch]}; the same load again",
               flush=True)  # fmt: skip
         run_load(options, services, "after", after, switch)
         print("comparing the two runs ...", flush=True)
-        comparison = compare(str(before), str(after), finding=name)
+        if not finding.projection:
+            print(f"  {name} has no projection (the report says why): measured change only")
+        comparison = compare(str(before), str(after), finding=name if finding.projection else None)
         print("\n" + comparison.to_text(width=100), flush=True)
         write_output(str(options.out / "compare.json"), comparison.to_json() + "\n")
         print(f"comparison: {options.out / 'compare.json'}   traces: {after}", flush=True)
