@@ -51,7 +51,7 @@ $(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
 build: $(COMPILED)  ## (re)compile the request path after editing it (make demo and make test do too)
 
 demo: $(INSTALLED) $(BUILT)
-	$(BIN)/python examples/gateway_under_load.py
+	$(BIN)/tracekit demo --out out
 
 # Both builds are tested: the whole suite on the compiled one, then the request path's tests
 # (tests/core, tests/hostile/recorder) on the plain-Python one.
