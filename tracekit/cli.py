@@ -193,7 +193,7 @@ def add_demo_command(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
     p.add_argument("--out", default="tracekit-demo", metavar="DIR",
                    help="folder for the traces and reports (default ./tracekit-demo)")  # fmt: skip
-    p.add_argument("--requests", type=_positive_int, default=160, help="requests per run (default 160)")
+    p.add_argument("--requests", type=_positive_int, default=120, help="requests per run (default 120)")
     p.add_argument("--concurrency", type=_positive_int, default=16,
                    help="requests in flight (default 16)")  # fmt: skip
     p.add_argument("--otlp", action="store_true",

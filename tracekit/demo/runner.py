@@ -234,7 +234,7 @@ class Options:
     """``tracekit demo``'s options (see ``tracekit demo --help``)."""
 
     out: Path
-    requests: int = 160
+    requests: int = 120
     concurrency: int = 16
     otlp: bool = False
     keep_running: bool = False
