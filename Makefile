@@ -33,7 +33,7 @@ $(INSTALLED): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(
 	@echo "== installing tracekit, the demo's dependencies and mypy (the compiler) into $(VENV) (first run only, ~30 s)"
 	@# pip says nothing while it installs: a line every 5 s
 	(while sleep 5; do echo "   ... still installing"; done) & ticker=$$!; \
-	TRACEKIT_PURE_PYTHON=1 $(PIP) -q -e '.[demo,compile]'; done=$$?; kill $$ticker; exit $$done
+	TRACEKIT_PURE_PYTHON=1 $(PIP) -q -e '.[demo,compile]'; status=$$?; kill $$ticker; exit $$status
 	touch $@
 
 # dev holds demo and compile: one pip run serves both stamps.
