@@ -194,8 +194,8 @@ def add_demo_command(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     p.add_argument("--out", default="tracekit-demo", metavar="DIR",
                    help="folder for the traces and reports (default ./tracekit-demo)")  # fmt: skip
     p.add_argument("--requests", type=_positive_int, default=120, help="requests per run (default 120)")
-    p.add_argument("--concurrency", type=_positive_int, default=16,
-                   help="requests in flight (default 16)")  # fmt: skip
+    p.add_argument("--concurrency", type=_positive_int, default=8,
+                   help="clients sending requests at once (default 8)")  # fmt: skip
     p.add_argument("--otlp", action="store_true",
                    help="also send the traces to OTEL_EXPORTER_OTLP_ENDPOINT (Jaeger, Phoenix)")  # fmt: skip
     p.add_argument("--keep-running", action="store_true",
