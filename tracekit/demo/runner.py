@@ -295,7 +295,8 @@ def top_fix(report: Any) -> tuple[Any, str] | None:
     switchable = [(f, SWITCHES[(f.rule, f.stage)]) for f in report.findings
                   if (f.rule, f.stage) in SWITCHES]  # fmt: skip
     projected = [(f, switch) for f, switch in switchable if f.projection]
-    return (projected or switchable or [None])[0]
+    chosen = projected or switchable
+    return chosen[0] if chosen else None
 
 
 def run(options: Options) -> int:
