@@ -48,7 +48,7 @@ def flagged(report: dict) -> set[tuple[str, str | None]]:
 def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     started = time.monotonic()
-    process = demo(out, "--requests", "40")
+    process = demo(out, "--requests", "80")
     stdout, _ = process.communicate(timeout=180)
     elapsed = time.monotonic() - started
     assert process.returncode == 0, stdout[-3000:]
@@ -68,7 +68,7 @@ def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path)
     comparison = json.loads((out / "compare.json").read_text())
     assert comparison["schema"] == "tracekit.compare/1"
     assert [r["route"] for r in comparison["routes"]] == [ROUTE]
-    assert comparison["after"]["requests"] == 40
+    assert comparison["after"]["requests"] == 80
     assert "tracekit compare" in stdout
     print(f"demo took {elapsed:.1f} s")  # shown with -s; ~30 s on two idle cores
 
