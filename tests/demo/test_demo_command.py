@@ -110,3 +110,29 @@ def test_bad_option_is_one_line(tmp_path: Path) -> None:
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--requests" in result.stderr
+
+
+def test_keep_running_leaves_a_gateway_to_explore_until_ctrl_c(tmp_path: Path) -> None:
+    import httpx
+
+    process = demo(tmp_path / "demo", "--requests", "16", "--keep-running")
+    assert process.stdout is not None
+    pids: list[int] = []
+    url = None
+    deadline = time.monotonic() + 150
+    while url is None and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        assert line, "the demo ended before saying where the gateway is"
+        if match := PIDS.search(line):
+            pids += [int(match[1]), int(match[2])]
+        if match := re.search(r"the gateway is up at (http://127\.0\.0\.1:\d+)", line):
+            url = match[1]
+    assert url is not None and len(pids) == 6  # three pairs: before, after, to explore
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200 and response.json()["choices"]
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, rest[-2000:]
+    assert not [pid for pid in pids if alive(pid)]
+    assert (tmp_path / "demo" / "explore.jsonl").stat().st_size > 0  # its trace was written
