@@ -102,8 +102,9 @@ def train_tokenizer() -> Tokenizer:
 FIXED: frozenset[str] = frozenset()
 TOKENIZER: Tokenizer | None = None
 client: httpx.AsyncClient | None = None
-# The guardrail fix's pool: "spawn" workers import only tracekit.demo.policy (forking a process
-# that runs threads is unsafe).
+# The guardrail fix's pool. "spawn": fresh interpreters, since forking a process that runs
+# threads (tracekit's, httpx's) is unsafe; a worker imports the main module (which starts
+# nothing outside its __main__ guard), tracekit.demo.policy, and tracekit's hand-off wrapper.
 _pool: ProcessPoolExecutor | None = None
 
 
