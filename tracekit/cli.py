@@ -177,10 +177,37 @@ def add_compare_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     p.set_defaults(handler=_run_compare)
 
 
+def add_demo_command(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    """Register ``tracekit demo``.
+
+    Args:
+        subparsers: the object ``ArgumentParser.add_subparsers`` returned.
+    """
+    p = subparsers.add_parser(
+        "demo",
+        help="a gateway with the usual problems under load: its diagnosis, the top fix measured",
+        description="Start a demo LLM gateway (tokenizer, guardrail and JSON on the event loop, "
+        "the guardrail before the model call, a model server without batching) and its "
+        "simulated model server on loopback, load it, print the diagnosis, write the HTML "
+        "report, then apply the top fix, load it again and show measured against projected.",
+    )
+    p.add_argument("--out", default="tracekit-demo", metavar="DIR",
+                   help="folder for the traces and reports (default ./tracekit-demo)")  # fmt: skip
+    p.add_argument("--requests", type=_positive_int, default=120, help="requests per run (default 120)")
+    p.add_argument("--concurrency", type=_positive_int, default=8,
+                   help="clients sending requests at once (default 8)")  # fmt: skip
+    p.add_argument("--otlp", action="store_true",
+                   help="also send the traces to OTEL_EXPORTER_OTLP_ENDPOINT (Jaeger, Phoenix)")  # fmt: skip
+    p.add_argument("--keep-running", action="store_true",
+                   help="then leave the gateway up to explore, until Ctrl-C")  # fmt: skip
+    p.set_defaults(handler=_run_demo)
+
+
 #: Subcommand registrars, in help order.
 COMMANDS: list[Callable[[argparse._SubParsersAction[_Parser]], None]] = [
     add_analyze_command,
     add_compare_command,
+    add_demo_command,
 ]
 
 
@@ -361,6 +388,14 @@ def _run_compare(args: argparse.Namespace) -> int:
     else:
         write_output(args.output, text)
     return EXIT_OK
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tracekit.demo.runner import Options, run
+
+    return run(Options(Path(args.out), args.requests, args.concurrency, args.otlp, args.keep_running))
 
 
 def _is_http_url(text: str) -> bool:

@@ -1,2 +1,3 @@
-"""What ``tracekit demo`` will run (issue 17); today the simulated model server
-(``model_server.py``). Importing this package imports nothing."""
+"""``tracekit demo`` (:mod:`tracekit.demo.runner`): the demo gateway (:mod:`.gateway`) and the
+simulated model server (:mod:`.model_server`) under load. Importing this package imports
+nothing."""

@@ -1,0 +1,138 @@
+"""``tracekit demo`` end to end, as a user runs it: a subprocess of the installed package
+(``python -m tracekit demo``), real servers on loopback, real load, the real analyzer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+#: Each seeded problem of tracekit/demo/gateway.py, as (rule, stage) the report must name.
+SEEDED = {
+    ("cpu-on-loop", "tokenize"),
+    ("cpu-on-loop", "guardrail"),
+    ("sequential-independent", "guardrail"),
+    ("cpu-on-loop", "serialize"),
+    ("serialized-model-calls", "model"),
+}
+ROUTE = "POST /v1/chat/completions"
+PIDS = re.compile(r"model server pid (\d+) .* gateway pid (\d+)")
+
+
+def demo(out: Path, *args: str) -> subprocess.Popen[str]:
+    # cwd elsewhere than the checkout: the command runs from the installed package.
+    return subprocess.Popen([sys.executable, "-m", "tracekit", "demo", "--out", str(out), *args],
+                            cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
+
+
+def flagged(report: dict) -> set[tuple[str, str | None]]:
+    """(rule, stage) of every finding, and of every symptom folded into one (``explains``:
+    the same stage as the finding that explains it)."""
+    out = set()
+    for f in report["findings"]:
+        out.add((f["rule"], f["stage"]))
+        out.update((rule, f["stage"]) for rule in f["explains"])
+    return out
+
+
+def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    started = time.monotonic()
+    process = demo(out, "--requests", "80")
+    stdout, _ = process.communicate(timeout=180)
+    elapsed = time.monotonic() - started
+    assert process.returncode == 0, stdout[-3000:]
+
+    report = json.loads((out / "report.json").read_text())
+    # One route: the readiness probe is a TCP connect, never a traced request.
+    assert [r["route"] for r in report["routes"]] == [ROUTE]
+    assert flagged(report) == SEEDED, json.dumps(report["findings"], indent=1)[:3000]
+    # No symptom reported twice: each (rule, stage) once, folded or not.
+    pairs = [(f["rule"], f["stage"]) for f in report["findings"]]
+    pairs += [(r, f["stage"]) for f in report["findings"] for r in f["explains"]]
+    assert len(pairs) == len(set(pairs))
+
+    assert "Findings (" in stdout  # the analyzer's text report was printed
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert "applying the fix of " in stdout
+    comparison = json.loads((out / "compare.json").read_text())
+    assert comparison["schema"] == "tracekit.compare/1"
+    assert [r["route"] for r in comparison["routes"]] == [ROUTE]
+    assert comparison["after"]["requests"] == 80
+    assert "tracekit compare" in stdout
+    print(f"demo took {elapsed:.1f} s")  # shown with -s; ~30 s on two idle cores
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_demo_stops_every_process_it_started(tmp_path: Path, sig: int) -> None:
+    process = demo(tmp_path / "demo", "--requests", "5000")
+    assert process.stdout is not None
+    pids: list[int] = []
+    deadline = time.monotonic() + 60
+    while not pids and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        if match := PIDS.search(line):
+            pids = [int(match[1]), int(match[2])]
+    assert pids, "the demo never said which servers it started"
+    # Interrupt mid-load: wait for the first progress line.
+    while "answered" not in process.stdout.readline():
+        pass
+    process.send_signal(sig)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, rest[-2000:]
+    assert "Traceback" not in rest
+    for pid in pids:
+        assert not alive(pid), f"pid {pid} still running after the demo exited"
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has stopped; its parent was the demo
+
+
+def test_bad_option_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "tracekit", "demo", "--requests", "0"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "--requests" in result.stderr
+
+
+def test_keep_running_leaves_a_gateway_to_explore_until_ctrl_c(tmp_path: Path) -> None:
+    import httpx
+
+    process = demo(tmp_path / "demo", "--requests", "16", "--keep-running")
+    assert process.stdout is not None
+    pids: list[int] = []
+    url = None
+    deadline = time.monotonic() + 150
+    while url is None and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        assert line, "the demo ended before saying where the gateway is"
+        if match := PIDS.search(line):
+            pids += [int(match[1]), int(match[2])]
+        if match := re.search(r"the gateway is up at (http://127\.0\.0\.1:\d+)", line):
+            url = match[1]
+    assert url is not None and len(pids) == 6  # three pairs: before, after, to explore
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200 and response.json()["choices"]
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, rest[-2000:]
+    assert not [pid for pid in pids if alive(pid)]
+    assert (tmp_path / "demo" / "explore.jsonl").stat().st_size > 0  # its trace was written
