@@ -132,6 +132,24 @@ GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"  # seconds
 
+# --- OpenInference (Arize Phoenix and other LLM observability tools) --------------------------
+# Followed version: OpenInference semantic conventions spec (openinference-semantic-conventions
+# 0.1.x). Every tracekit span carries the span kind: the request span is a CHAIN, a model stage
+# an LLM call, a guardrail stage a GUARDRAIL, the other stages CHAIN (application steps).
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_LLM: Final = "LLM"
+OPENINFERENCE_CHAIN: Final = "CHAIN"
+OPENINFERENCE_GUARDRAIL: Final = "GUARDRAIL"
+OPENINFERENCE_KIND_BY_STAGE: Final[dict[str, str]] = {
+    KIND_MODEL: OPENINFERENCE_LLM, KIND_GUARDRAIL: OPENINFERENCE_GUARDRAIL}  # fmt: skip
+# A model stage's gen_ai.* values, repeated under the OpenInference names Phoenix displays.
+LLM_MODEL_NAME: Final = "llm.model_name"
+LLM_PROVIDER: Final = "llm.provider"
+LLM_SYSTEM: Final = "llm.system"
+LLM_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
+LLM_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+LLM_TOKEN_COUNT_TOTAL: Final = "llm.token_count.total"
+
 # --- vLLM's own request spans (joined through traceparent) --------------------------------
 VLLM_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"  # seconds
 VLLM_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"  # seconds
