@@ -56,6 +56,9 @@ LOOP_SLICES_US: Final = "tracekit.loop_slices_us"
 # Its estimated waits for the loop >= 1 ms, same encoding: ready -> resumed.
 LOOP_WAITS_US: Final = "tracekit.loop_waits_us"
 TOKENS: Final = "tracekit.tokens"
+# Whether the stage's call holds the GIL throughout (a library call whose behaviour was
+# measured, e.g. tokenizers' encode: true, encode_batch: false); absent when not known.
+HOLDS_GIL: Final = "tracekit.holds_gil"
 CODE_FUNCTION: Final = "code.function"
 CODE_NAMESPACE: Final = "code.namespace"
 
