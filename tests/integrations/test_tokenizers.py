@@ -209,3 +209,33 @@ def test_imported_only_when_used() -> None:
     code = "import sys, tracekit, tracekit.integrations; print('tokenizers' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.parametrize(("method", "fix_has"), [
+    ("encode", "asyncio.to_thread(tokenizer.encode_batch, [text])"),  # holds the GIL: switch
+    ("encode_batch", "asyncio.to_thread(tokenizer.encode_batch, *args)"),  # releases it: move
+])  # fmt: skip
+def test_cpu_on_loop_fix_follows_the_gil(tokenizer: Tokenizer, method: str, fix_has: str) -> None:
+    """The rule reads tracekit.holds_gil: Tokenizer.encode on the loop is fixed by the GIL-free
+    encode_batch in a thread; encode_batch on the loop by the same call in a thread."""
+    instrument(tokenizer)
+    text = _text(5000)  # tens of ms of CPU on the loop per request, on any machine
+    encode = getattr(tokenizer, method)
+    argument: Any = text if method == "encode" else [text]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        encode(argument)
+        await asyncio.sleep(0.001)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def load() -> None:
+        gateway = tracekit.TracekitMiddleware(app)
+        await asyncio.gather(*(call(gateway, http_scope("/v1/chat", "POST")) for _ in range(6)))
+
+    with tracekit.record() as rec:
+        asyncio.run(load())
+        report = rec.report()
+    (finding,) = [f for f in report.findings if f.rule == "cpu-on-loop"]
+    assert finding.stage == f"tokenizer.{method}"
+    assert fix_has in finding.fix_code, (finding.fix_title, finding.fix_code)

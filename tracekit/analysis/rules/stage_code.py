@@ -62,6 +62,8 @@ class StageCode:
         shape: one of ``semconv.STAGE_SHAPES``, or ``None`` (a trace older than it).
         blocked_at: where the watchdog caught it holding the loop, if it did.
         frames: the library frames it was running there (innermost first, one per line).
+        holds_gil: whether its call holds the GIL throughout, where an integration recorded
+            it (``tracekit.holds_gil``: measured per library method), else ``None``.
     """
 
     stage: str | None
@@ -71,6 +73,7 @@ class StageCode:
     shape: str | None = None
     blocked_at: str | None = None
     frames: str | None = None
+    holds_gil: bool | None = None
 
     @classmethod
     def of(cls, stage: str | None, records: Iterable[StageRecord | None]) -> StageCode:
@@ -96,6 +99,7 @@ class StageCode:
             return cls(stage)
         key = max(cpu, key=lambda k: (cpu[k], str(k)))
         record = first[key]
+        holds_gil = record.attributes.get(semconv.HOLDS_GIL)
         return cls(
             stage=stage,
             kind=record.kind,
@@ -104,6 +108,7 @@ class StageCode:
             shape=record.shape,
             blocked_at=record.blocked_at,
             frames=record.blocked_frames,
+            holds_gil=holds_gil if isinstance(holds_gil, bool) else None,
         )
 
     @property
