@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -23,6 +21,7 @@ import tracekit
 from tests.helpers import http_server
 from tracekit import semconv as sc
 from tracekit.analysis.readers import read_spans
+from tracekit.cli import main
 from tracekit.errors import ConfigurationError, SourceNotFoundError, TraceFormatError
 
 TRACE = "0123456789abcdef0123456789abcdef"
@@ -128,24 +127,25 @@ def test_options_that_do_not_apply(phoenix: str) -> None:
         read_spans("traces.jsonl", project="gateway")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tracekit", "analyze", *args],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["analyze", *args])  # in process: the exit code and what it printed
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_cli_unreachable_phoenix_is_one_line() -> None:
+def test_cli_unreachable_phoenix_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))  # bound, never listening: refused
-        result = _cli("--phoenix", f"http://127.0.0.1:{s.getsockname()[1]}")
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.count("\n") == 1
-    assert "cannot reach Phoenix's REST API (connection refused)" in result.stderr
+        code, out, err = _cli(capsys, "--phoenix", f"http://127.0.0.1:{s.getsockname()[1]}")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("tracekit: error: http://127.0.0.1:")
+    assert "cannot reach Phoenix's REST API (connection refused)" in err
 
 
-def test_cli_reads_phoenix(phoenix: str) -> None:
-    result = _cli("--phoenix", phoenix, "--project", "gateway", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["requests"] == 1
+def test_cli_reads_phoenix(phoenix: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "--phoenix", phoenix, "--project", "gateway", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["requests"] == 1
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -154,6 +154,6 @@ def test_cli_reads_phoenix(phoenix: str) -> None:
     (["--phoenix", "http://h", "--service", "gw"], "--service and --limit apply to --jaeger"),
     (["--phoenix", "http://h", "--jaeger", "http://j"], "exactly one"),
 ])  # fmt: skip
-def test_cli_usage_errors(args: list[str], message: str) -> None:
-    result = _cli(*args)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+def test_cli_usage_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _cli(capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and message in err
