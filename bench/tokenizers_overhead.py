@@ -2,22 +2,22 @@
 attributes add to span building.
 
 Tokenizer: a small BPE trained here (no download); ``encode`` of a 12-word prompt (the
-cheapest call a gateway makes, so the worst case as a share) and ``encode_batch`` of 8 of them,
-each timed bare and instrumented
+cheapest call a gateway makes, so the worst case as a share) and ``encode_batch`` of 8 of them.
+Bare and instrumented calls run in alternating blocks of ``--calls`` calls, ``--blocks`` blocks
+each, and the fastest block of each is kept (load on a shared machine only ever adds time, and
+alternating puts both under the same load):
 
-- inside a traced request (``tracekit.record()`` around a request driven by the middleware:
-  each call is a ``tokenize`` stage, span built and recorded), per call = (the request with N
-  calls - the request with none) / N;
-- with no tracekit runtime (nothing recorded: the wrapper only calls the method).
+- with no tracekit runtime (nothing is recorded: the wrapper only calls the method);
+- inside one traced request (``tracekit.record()``, the middleware): each instrumented call is
+  a ``tokenize`` stage; this is the request path's share, the span is built later on the
+  span-building thread (its cost per stage: docs/performance.md).
 
-``TOKENIZERS_PARALLELISM=false`` unless set. Best of ``--rounds`` rounds of ``--calls`` calls
-(noise on a shared machine only adds time).
+``TOKENIZERS_PARALLELISM=false`` unless set (the pool's threads would add their own noise).
 
-OpenInference: the cost of building a model stage's attributes with the ``gen_ai.*`` values
-repeated as ``llm.*`` (:func:`tracekit._export.span_attributes.openinference_llm`), on the
-span-building thread, not the request path.
+OpenInference: the cost of a model stage's ``gen_ai.*`` values repeated as ``llm.*``
+(:func:`tracekit._export.span_attributes.openinference_llm`), on the span-building thread.
 
-Run: PYTHONPATH=. python bench/tokenizers_overhead.py [--calls 2000] [--rounds 5]
+Run: PYTHONPATH=. python bench/tokenizers_overhead.py [--calls 200] [--blocks 40]
 """
 
 from __future__ import annotations
@@ -55,41 +55,47 @@ def _tokenizer() -> tuple[Tokenizer, Callable[[int], str]]:
     return tokenizer, text
 
 
-def _request_us(call: Callable[[], Any], calls: int) -> float:
-    """Wall µs of one traced request that makes ``calls`` calls (recorded, span built)."""
+def _fastest_blocks(calls: dict[str, Callable[[], Any]], per_block: int, blocks: int) -> dict[str, float]:
+    """µs per call of each variant: its fastest block, the variants' blocks alternating."""
+    best = dict.fromkeys(calls, float("inf"))
+    clock = time.perf_counter
+    for _ in range(blocks):
+        for name, fn in calls.items():
+            t0 = clock()
+            for _ in range(per_block):
+                fn()
+            best[name] = min(best[name], (clock() - t0) / per_block * 1e6)
+    return best
+
+
+def _in_a_request(calls: dict[str, Callable[[], Any]], per_block: int, blocks: int) -> dict[str, float]:
+    """:func:`_fastest_blocks` run inside one traced request."""
+    out: dict[str, float] = {}
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        for _ in range(calls):
-            call()
+        out.update(_fastest_blocks(calls, per_block, blocks))
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    async def one() -> None:
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": b"", "more_body": False}
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
-            pass
+    async def send(message: dict[str, Any]) -> None:
+        pass
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": "POST", "scheme": "http", "path": "/v1/chat", "raw_path": b"/v1/chat",
-                 "root_path": "", "query_string": b"", "headers": []}  # fmt: skip
-        await tracekit.TracekitMiddleware(app)(scope, receive, send)
-
-    with tracekit.record() as rec:
-        t0 = time.perf_counter()
-        asyncio.run(one())
-        elapsed = time.perf_counter() - t0
-        rec.spans  # noqa: B018 (the spans are built before the recording ends)
-    return elapsed * 1e6
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/chat", "raw_path": b"/v1/chat", "root_path": "",
+             "query_string": b"", "headers": []}  # fmt: skip
+    with tracekit.record():
+        asyncio.run(tracekit.TracekitMiddleware(app)(scope, receive, send))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--blocks", type=int, default=40)
     args = parser.parse_args()
-    # One thread per call: the pool's threads would add their own noise to a µs figure.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     bare, text = _tokenizer()
     traced: Tokenizer = instrument(pickle.loads(pickle.dumps(bare)))
@@ -99,25 +105,19 @@ def main() -> None:
         ("encode", lambda: bare.encode(prompt), lambda: traced.encode(prompt)),
         ("encode_batch", lambda: bare.encode_batch(batch), lambda: traced.encode_batch(batch)),
     ):
-        n = args.calls
-        alone = min(timeit.repeat(bare_call, number=n, repeat=args.rounds)) / n * 1e6
-        unrecorded = min(timeit.repeat(traced_call, number=n, repeat=args.rounds)) / n * 1e6
-        rounds = []
-        for _ in range(args.rounds):
-            empty = _request_us(lambda: None, n)
-            with_bare = _request_us(bare_call, n)
-            with_traced = _request_us(traced_call, n)
-            rounds.append(((with_traced - empty) / n, (with_bare - empty) / n))
-        traced_us, bare_us = min(r[0] for r in rounds), min(r[1] for r in rounds)
-        print(f"{name:13s} bare {alone:7.2f} us/call | no runtime: instrumented {unrecorded:7.2f} us "
-              f"(+{unrecorded - alone:.2f}) | in a traced request: bare {bare_us:7.2f} us, "
-              f"as a stage {traced_us:7.2f} us (+{traced_us - bare_us:.2f} per call, span included)")
+        calls = {"bare": bare_call, "instrumented": traced_call}
+        alone = _fastest_blocks(calls, args.calls, args.blocks)
+        inside = _in_a_request(calls, args.calls, args.blocks)
+        print(f"{name:13s} no runtime: bare {alone['bare']:6.2f} us, instrumented "
+              f"{alone['instrumented']:6.2f} us (+{alone['instrumented'] - alone['bare']:.2f}) | "
+              f"in a traced request: bare {inside['bare']:6.2f} us, as a stage "
+              f"{inside['instrumented']:6.2f} us (+{inside['instrumented'] - inside['bare']:.2f})")
     attrs = {semconv.GEN_AI_PROVIDER_NAME: "openai", semconv.GEN_AI_REQUEST_MODEL: "m",
              semconv.GEN_AI_RESPONSE_MODEL: "m-1", semconv.GEN_AI_USAGE_INPUT_TOKENS: 120,
              semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 40}  # fmt: skip
     n = 100_000
-    mirror = min(timeit.repeat(lambda: openinference_llm(dict(attrs)), number=n, repeat=args.rounds))
-    copy = min(timeit.repeat(lambda: dict(attrs), number=n, repeat=args.rounds))
+    mirror = min(timeit.repeat(lambda: openinference_llm(dict(attrs)), number=n, repeat=5))
+    copy = min(timeit.repeat(lambda: dict(attrs), number=n, repeat=5))
     print(f"openinference llm.* attributes of a model span: {(mirror - copy) / n * 1e6:.2f} us "
           "(span-building thread)")
 

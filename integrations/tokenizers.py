@@ -90,8 +90,7 @@ def instrument(tokenizer: T) -> T:
     try:
         for method, site in _SITES.items():
             original = getattr(tokenizer, method)
-            count = _COUNTS.get(method)
-            setattr(tokenizer, method, _stage(original, site, count))
+            setattr(tokenizer, method, _stage(original, site, _COUNTS[method]))
         setattr(tokenizer, _MARK, True)
     except AttributeError as exc:
         uninstrument(tokenizer)
@@ -111,10 +110,11 @@ def uninstrument(tokenizer: Any) -> None:
             pass
 
 
-def _stage(method: Callable[..., Any], site: Site,
-           count: Callable[[tuple[Any, ...], dict[str, Any]], int] | None) -> Callable[..., Any]:  # fmt: skip
+_Count = Callable[[tuple[Any, ...], dict[str, Any], Any], int]
+
+
+def _stage(method: Callable[..., Any], site: Site, count: _Count) -> Callable[..., Any]:
     call_begin, call_end = stage_timing.call_begin, stage_timing.call_end
-    call_end_counting = stage_timing.call_end_counting
 
     @functools.wraps(method)
     def tokenize_stage(*args: Any, **kwargs: Any) -> Any:
@@ -126,26 +126,32 @@ def _stage(method: Callable[..., Any], site: Site,
         except BaseException as exc:
             call_end(led, exc)
             raise
-        if count is None:
-            call_end_counting(led, result)  # Encoding(s): their ids
-            return result
         try:
-            led.set_attribute(semconv.TOKENS, count(args, kwargs))
+            led.set_attribute(semconv.TOKENS, count(args, kwargs, result))
         except Exception:
-            internal_error("tokenizers decode count")
+            internal_error("tokenizers token count")
         call_end(led, None)
         return result
 
     return tokenize_stage
 
 
-def _decoded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+# The tokens of a call: an Encoding's length is its number of ids (len() makes no list).
+def _encoded(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> int:
+    return len(result)
+
+
+def _batch_encoded(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> int:
+    return sum(map(len, result))
+
+
+def _decoded(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> int:
     return len(args[0] if args else kwargs["ids"])
 
 
-def _batch_decoded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    return sum(len(ids) for ids in (args[0] if args else kwargs["sequences"]))
+def _batch_decoded(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> int:
+    return sum(map(len, args[0] if args else kwargs["sequences"]))
 
 
-# How many tokens a decode call takes (encode calls: counted from the Encodings they return).
-_COUNTS: Final = {"decode": _decoded, "decode_batch": _batch_decoded}
+_COUNTS: Final[dict[str, _Count]] = {"encode": _encoded, "encode_batch": _batch_encoded,
+                                      "decode": _decoded, "decode_batch": _batch_decoded}  # fmt: skip

@@ -223,7 +223,7 @@ def test_cpu_on_loop_fix_follows_the_gil(tokenizer: Tokenizer, method: str, fix_
     # thread would block off-CPU instead, another rule's finding.
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     instrument(tokenizer)
-    text = _text(5000)  # tens of ms of CPU on the loop per request, on any machine
+    text = _text(20000)  # 30 ms of CPU on the loop per request here; >= 10 ms fires the rule
     encode = getattr(tokenizer, method)
     argument: Any = text if method == "encode" else [text]
 
@@ -240,6 +240,8 @@ def test_cpu_on_loop_fix_follows_the_gil(tokenizer: Tokenizer, method: str, fix_
     with tracekit.record() as rec:
         asyncio.run(load())
         report = rec.report()
-    (finding,) = [f for f in report.findings if f.rule == "cpu-on-loop"]
+    found = [f for f in report.findings if f.rule == "cpu-on-loop"]
+    assert len(found) == 1, report.to_text(color=False)
+    (finding,) = found
     assert finding.stage == f"tokenizer.{method}"
     assert fix_has in finding.fix_code, (finding.fix_title, finding.fix_code)
