@@ -5,6 +5,7 @@ The answer is the Jaeger JSON envelope ``{"data": [trace, ...], "errors": ...}``
 and HTTP errors are :class:`SourceNotFoundError`; a body that is not the envelope, or one
 larger than the limit, is :class:`TraceFormatError`.
 
+:func:`get` is the bounded GET itself, shared with Phoenix's reader (:mod:`.phoenix_api`).
 Every fetch is bounded: an overall deadline for the whole exchange (connecting, the request,
 every byte of the answer, redirects included: a server that trickles a byte at a time is cut
 at the deadline, not merely between reads) and a limit on the answer's size, counted as it
