@@ -20,6 +20,11 @@ else
 BUILT :=
 endif
 
+# The end-to-end test's trace backend, Arize Phoenix (tests/e2e/test_phoenix.py), in its own
+# venv (it pins many packages): made on the first make test, then reused.
+PHOENIX_VENV := .venv-phoenix
+PHOENIX_INSTALLED := $(PHOENIX_VENV)/.installed
+
 .PHONY: demo test lint bench build clean
 
 $(BIN)/python:
@@ -51,6 +56,14 @@ $(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
 	PYTHONUNBUFFERED=1 $(BIN)/python setup.py build_ext --inplace; built=$$?; kill $$ticker; exit $$built
 	touch $@
 
+$(PHOENIX_INSTALLED): constraints-phoenix.txt
+	@echo "== installing Arize Phoenix (pinned: constraints-phoenix.txt) into $(PHOENIX_VENV) for the"
+	@echo "   end-to-end test (first run only, ~100 s, ~850 MB)"
+	rm -rf $(PHOENIX_VENV)
+	$(PY) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install -q -c constraints-phoenix.txt arize-phoenix
+	touch $@
+
 build: $(COMPILED)  ## (re)compile the request path after editing it (make demo and make test do too)
 
 # The demo runs on whatever build is there: plain Python from a fresh clone (compiling first
@@ -61,19 +74,19 @@ demo: $(INSTALLED)
 
 # Both builds are tested: the whole suite on the compiled one, then the request path's tests
 # (tests/core, tests/hostile/recorder) on the plain-Python one.
-test: $(INSTALLED_DEV) $(BUILT)  ## lint (ruff), type-check (mypy strict), the suite on both builds
+test: $(INSTALLED_DEV) $(BUILT) $(PHOENIX_INSTALLED)  ## lint (ruff), type-check (mypy strict), the suite on both builds
 	bash scripts/ensure-chromium
 	@echo "== ruff, mypy"
 	$(BIN)/ruff check -q tracekit integrations tests bench examples setup.py
 	$(BIN)/mypy
 ifneq ($(BUILT),)
-	@echo "== the whole suite, compiled request path"
-	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
+	@echo "== the whole suite, compiled request path (with a real Phoenix: TRACEKIT_PHOENIX)"
+	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q
 	@echo "== the request path's tests as plain Python (TRACEKIT_PURE_PYTHON=1)"
 	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q tests/core tests/hostile/recorder tests/loop/test_spawned_tasks.py
 else
-	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1)"
-	$(BIN)/python -m pytest -q
+	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1; with a real Phoenix: TRACEKIT_PHOENIX)"
+	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(BIN)/python -m pytest -q
 endif
 
 lint: $(INSTALLED_DEV)
@@ -85,5 +98,5 @@ bench: $(INSTALLED_DEV) $(BUILT)
 	$(BIN)/python bench/analyze_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info *__mypyc*.so
+	rm -rf $(VENV) $(PHOENIX_VENV) build *.egg-info *__mypyc*.so
 	find tracekit -name '*.so' -delete

@@ -6,6 +6,8 @@
                             [--fail-on high|medium|low]
     tracekit analyze --jaeger URL --service NAME [--lookback 1h] [--limit N]
                      [--timeout SECONDS] [--max-response-mb MB] [...]
+    tracekit analyze --phoenix URL [--project NAME] [--lookback 1h] [--timeout SECONDS]
+                     [--max-response-mb MB] [...]
     tracekit compare BEFORE AFTER [--format text|json] [-o FILE] [--route R] [--cores N]
                      [--finding RULE[:STAGE]] [--confidence 0.95] [--service NAME] [...]
 
@@ -64,7 +66,8 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     p = subparsers.add_parser(
         "analyze",
         help="find what is slow in traces and what fixes it",
-        description="Analyse OTLP JSON(L) or Jaeger JSON trace files, or a Jaeger query API.",
+        description="Analyse OTLP JSON(L) or Jaeger JSON trace files, a Jaeger query API, or "
+        "Arize Phoenix's REST API.",
     )
     p.add_argument("source", nargs="?", help="trace file (OTLP JSON, JSON Lines, Jaeger JSON)")
     p.add_argument(
@@ -72,20 +75,27 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     )
     p.add_argument("--service", help="service to query (with --jaeger)")
     p.add_argument(
-        "--lookback", default="1h", help="how far back to query (with --jaeger; default 1h)"
+        "--phoenix", metavar="URL", help="Arize Phoenix base URL, e.g. http://localhost:6006"
+    )
+    p.add_argument("--project", help="Phoenix project to read (with --phoenix; default 'default')")
+    p.add_argument(
+        "--lookback",
+        default="1h",
+        help="how far back to query (with --jaeger or --phoenix; default 1h)",
     )
     p.add_argument("--limit", type=_positive_int, help="most traces to fetch (with --jaeger)")
     p.add_argument(
         "--timeout",
         type=_positive_float,
         metavar="SECONDS",
-        help="deadline for the whole Jaeger query (with --jaeger; default 60)",
+        help="deadline for the whole query (with --jaeger or --phoenix; default 60)",
     )
     p.add_argument(
         "--max-response-mb",
         type=_positive_float,
         metavar="MB",
-        help="largest Jaeger answer read, in MiB (with --jaeger; default 256)",
+        help="largest answer read, in MiB (with --jaeger; with --phoenix, all pages; "
+        "default 256)",
     )
     p.add_argument(
         "--format",
@@ -311,9 +321,11 @@ def _positive_float(text: str) -> float:
 def _run_analyze(args: argparse.Namespace) -> int:
     from tracekit.analysis.api import analyze
 
-    if (args.source is None) == (args.jaeger is None):
+    given = [x for x in (args.source, args.jaeger, args.phoenix) if x is not None]
+    if len(given) != 1:
         raise _UsageError(
-            "give a trace file or --jaeger URL (exactly one) (see 'tracekit analyze --help')"
+            "give a trace file, --jaeger URL or --phoenix URL (exactly one) "
+            "(see 'tracekit analyze --help')"
         )
     if args.jaeger is not None and not _is_http_url(args.jaeger):
         raise _UsageError(
@@ -321,7 +333,20 @@ def _run_analyze(args: argparse.Namespace) -> int:
         )
     if args.jaeger is not None and not args.service:
         raise _UsageError("--jaeger needs --service NAME (see 'tracekit analyze --help')")
-    source = args.source if args.source is not None else args.jaeger
+    if args.phoenix is not None and not _is_http_url(args.phoenix):
+        raise _UsageError(
+            f"--phoenix: {args.phoenix!r} is not an http(s) URL (e.g. http://localhost:6006)"
+        )
+    if args.phoenix is not None and (args.service is not None or args.limit is not None):
+        raise _UsageError("--service and --limit apply to --jaeger, not --phoenix")
+    if args.project is not None and args.phoenix is None:
+        raise _UsageError("--project applies to --phoenix (see 'tracekit analyze --help')")
+    source = given[0]
+    project = None
+    if args.phoenix is not None:
+        from tracekit.analysis.readers.phoenix_api import DEFAULT_PROJECT
+
+        project = args.project or DEFAULT_PROJECT
     if args.output is not None:
         _check_output(args.output, args.source)  # before the analysis, not after
     report = analyze(
@@ -333,6 +358,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         limit=args.limit,
         timeout=args.timeout,
         max_response_mb=args.max_response_mb,
+        project=project,
         cores=args.cores,
     )
     for warning in report.warnings:

@@ -56,6 +56,9 @@ LOOP_SLICES_US: Final = "tracekit.loop_slices_us"
 # Its estimated waits for the loop >= 1 ms, same encoding: ready -> resumed.
 LOOP_WAITS_US: Final = "tracekit.loop_waits_us"
 TOKENS: Final = "tracekit.tokens"
+# Whether the stage's call holds the GIL throughout (a library call whose behaviour was
+# measured, e.g. tokenizers' encode: true, encode_batch: false); absent when not known.
+HOLDS_GIL: Final = "tracekit.holds_gil"
 CODE_FUNCTION: Final = "code.function"
 CODE_NAMESPACE: Final = "code.namespace"
 
@@ -173,6 +176,24 @@ UPSTREAM_CHUNKS: Final = "tracekit.upstream.chunks"
 # True when gen_ai.usage.output_tokens is the count of streamed chunks, not the server's figure
 # (a stream without usage: no stream_options.include_usage).
 UPSTREAM_TOKENS_COUNTED: Final = "tracekit.upstream.tokens_counted"
+
+# --- OpenInference (Arize Phoenix and other LLM observability tools) --------------------------
+# Followed version: OpenInference semantic conventions spec (openinference-semantic-conventions
+# 0.1.x). Every tracekit span carries the span kind: the request span is a CHAIN, a model stage
+# an LLM call, a guardrail stage a GUARDRAIL, the other stages CHAIN (application steps).
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_LLM: Final = "LLM"
+OPENINFERENCE_CHAIN: Final = "CHAIN"
+OPENINFERENCE_GUARDRAIL: Final = "GUARDRAIL"
+OPENINFERENCE_KIND_BY_STAGE: Final[dict[str, str]] = {
+    KIND_MODEL: OPENINFERENCE_LLM, KIND_GUARDRAIL: OPENINFERENCE_GUARDRAIL}  # fmt: skip
+# A model stage's gen_ai.* values, repeated under the OpenInference names Phoenix displays.
+LLM_MODEL_NAME: Final = "llm.model_name"
+LLM_PROVIDER: Final = "llm.provider"
+LLM_SYSTEM: Final = "llm.system"
+LLM_TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
+LLM_TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+LLM_TOKEN_COUNT_TOTAL: Final = "llm.token_count.total"
 
 # --- vLLM's own request spans (joined through traceparent) --------------------------------
 # vLLM's names (vllm/tracing.py SpanAttributes, not OpenTelemetry conventions): its SERVER

@@ -64,6 +64,8 @@ class Site:
         self.shape = shape
         template: dict[str, Any] = {semconv.STAGE: name, semconv.STAGE_KIND: kind,
                                     semconv.STAGE_SHAPE: shape}  # fmt: skip
+        template[semconv.OPENINFERENCE_SPAN_KIND] = semconv.OPENINFERENCE_KIND_BY_STAGE.get(
+            kind, semconv.OPENINFERENCE_CHAIN)
         if function:
             template[semconv.CODE_FUNCTION] = function
             if namespace:

@@ -45,6 +45,17 @@ _SERVER_TEMPLATE: dict[str, Any] = dict.fromkeys((
     semconv.NETWORK_PROTOCOL_VERSION, WALL_MS, CPU_MS, LOOP_WAIT_MS, MODEL_WAIT_MS, IO_WAIT_MS,
     OVERHEAD_MS, MAX_BLOCK_MS, ON_LOOP, INFLIGHT,
 ))  # fmt: skip
+_SERVER_TEMPLATE[semconv.OPENINFERENCE_SPAN_KIND] = semconv.OPENINFERENCE_CHAIN
+# A model stage's gen_ai.* attributes and the OpenInference names they are repeated under (a
+# response model overrides the requested one), so that Phoenix shows model and token counts.
+_OPENINFERENCE_LLM: Final[tuple[tuple[str, str], ...]] = (
+    (semconv.GEN_AI_REQUEST_MODEL, semconv.LLM_MODEL_NAME),
+    (semconv.GEN_AI_RESPONSE_MODEL, semconv.LLM_MODEL_NAME),
+    (semconv.GEN_AI_PROVIDER_NAME, semconv.LLM_PROVIDER),
+    (semconv.GEN_AI_PROVIDER_NAME, semconv.LLM_SYSTEM),
+    (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.LLM_TOKEN_COUNT_PROMPT),
+    (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, semconv.LLM_TOKEN_COUNT_COMPLETION),
+)
 
 
 # --- privacy (docs/attributes.md, "Privacy") ---------------------------------------------------
@@ -173,7 +184,21 @@ def stage_attributes(led: Ledger, wall: int, children: int, wait: int, loop_wait
     if led.attributes:
         for key, value in led.attributes.items():
             attrs[key] = clip(value, MAX_VALUE) if isinstance(value, str) else value
+        if led.site.kind == KIND_MODEL:
+            openinference_llm(attrs)
     return attrs
+
+
+def openinference_llm(attrs: dict[str, Any]) -> None:
+    """Repeat a model span's ``gen_ai.*`` values under their OpenInference ``llm.*`` names."""
+    for gen_ai, llm in _OPENINFERENCE_LLM:
+        value = attrs.get(gen_ai)
+        if value is not None:
+            attrs[llm] = value
+    prompt = attrs.get(semconv.LLM_TOKEN_COUNT_PROMPT)
+    completion = attrs.get(semconv.LLM_TOKEN_COUNT_COMPLETION)
+    if isinstance(prompt, int) and isinstance(completion, int):
+        attrs[semconv.LLM_TOKEN_COUNT_TOTAL] = prompt + completion
 
 
 def _offsets(notes: list[tuple[int, int]], origin: int) -> list[int]:

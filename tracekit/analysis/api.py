@@ -36,6 +36,7 @@ def analyze(
     limit: int | None = None,
     timeout: float | None = None,
     max_response_mb: float | None = None,
+    project: str | None = None,
     observe: Callable[[RequestRecord], None] | None = None,
     cores: int | None = None,
 ) -> Report:
@@ -54,7 +55,10 @@ def analyze(
         lookback: how far back to query (Jaeger URL sources), e.g. ``"1h"``.
         limit: the most traces to fetch (Jaeger URL sources).
         timeout: seconds the whole Jaeger query may take (default 60).
-        max_response_mb: the largest Jaeger answer read, in MiB (default 256).
+        max_response_mb: the largest Jaeger answer read, in MiB (default 256); for
+            Phoenix, over all its pages.
+        project: read a URL source as Arize Phoenix's REST API, this project's spans
+            (Phoenix's default project is ``"default"``).
         observe: called with every request analysed, as it is assembled (``tracekit
             compare`` keeps per-request values this way); the file is then read in one
             process, since a callable does not reach the parallel reader's workers.
@@ -83,7 +87,7 @@ def analyze(
 
     targets = parse_slo(slo)
     _check_cores(cores)
-    options = (service, limit, timeout, max_response_mb)
+    options = (service, limit, timeout, max_response_mb, project)
     if lookback == "1h" and observe is None and all(option is None for option in options):
         report = _analyze_in_parallel(source, route, targets, cores)
         if report is not None:
@@ -95,6 +99,7 @@ def analyze(
         limit=limit,
         timeout=timeout,
         max_response_mb=max_response_mb,
+        project=project,
     )
     try:
         report = analyze_spans(

@@ -7,7 +7,8 @@
   exporter), or the Jaeger API v3 ``{"result": {...}}`` envelope;
 - a path to a **Jaeger JSON** file: the ``/api/traces`` envelope ``{"data": [...]}``, a bare
   trace, an array of traces (the UI's download), or JSON Lines of those;
-- an ``http://`` / ``https://`` URL: the **Jaeger query API** base (``service`` required);
+- an ``http://`` / ``https://`` URL: the **Jaeger query API** base (``service`` required), or
+  with ``project``, **Arize Phoenix**'s REST API (:mod:`tracekit.analysis.readers.phoenix_api`);
 - an iterable of in-memory spans: OpenTelemetry SDK ``ReadableSpan`` objects (duck-typed,
   no OpenTelemetry import) or :class:`~tracekit.analysis.model.Span` objects (passed through).
 
@@ -45,6 +46,7 @@ from tracekit.analysis.readers.files import check_utf8, file_chunks, guard, json
 from tracekit.analysis.readers.jaeger import jaeger_document, jaeger_spans
 from tracekit.analysis.readers.jaeger_api import fetch, is_url, limits, query_url
 from tracekit.analysis.readers.memory import memory_spans
+from tracekit.analysis.readers.phoenix_api import phoenix_spans
 from tracekit.errors import ConfigurationError, SourceNotFoundError
 
 __all__ = ["FORMATS", "ReadStats", "SpanStream", "detect_format", "json_lines", "read_spans"]
@@ -90,8 +92,10 @@ def read_spans(
     limit: int | None = None,
     timeout: float | None = None,
     max_response_mb: float | None = None,
+    project: str | None = None,
 ) -> SpanStream:
-    """Read normalised spans from a trace file, a Jaeger query API, or in-memory spans.
+    """Read normalised spans from a trace file, a Jaeger query API, Phoenix's REST API, or
+    in-memory spans.
 
     Args:
         source: a path (str, bytes or PathLike; OTLP JSON/JSONL or Jaeger JSON/JSONL,
@@ -102,7 +106,11 @@ def read_spans(
         limit: the most traces the Jaeger query returns (default: Jaeger's own).
         timeout: seconds the whole Jaeger query may take, from connecting to the answer's
             last byte (default 60).
-        max_response_mb: the largest Jaeger answer read, in MiB (default 256).
+        max_response_mb: the largest Jaeger answer read, in MiB (default 256); for Phoenix,
+            over all its pages.
+        project: read the URL as Arize Phoenix's REST API, this project's spans (Phoenix's
+            default project is ``"default"``); ``lookback``, ``timeout`` and
+            ``max_response_mb`` apply, ``service`` and ``limit`` do not.
 
     Returns:
         A :class:`SpanStream`: an iterator of :class:`Span` with ``.stats`` and ``.source``.
@@ -122,12 +130,18 @@ def read_spans(
     stats = ReadStats()
     if isinstance(source, str | bytes | os.PathLike):
         name = os.fsdecode(source)
+        if is_url(name) and project is not None:
+            if service is not None or limit is not None:
+                raise ConfigurationError("service and limit apply to a Jaeger query, not Phoenix")
+            seconds, max_bytes = limits(timeout, max_response_mb)
+            spans = phoenix_spans(name, project, lookback, seconds, max_bytes, stats)
+            return SpanStream(guard(spans, name), name, stats)
         if is_url(name):
             url = query_url(name, service, lookback, limit)
             seconds, max_bytes = limits(timeout, max_response_mb)
             spans = _api_spans(url, stats, seconds, max_bytes)
             return SpanStream(guard(spans, url), name, stats)
-        _reject_query_options(service, lookback, limit, timeout, max_response_mb)
+        _reject_query_options(service, lookback, limit, timeout, max_response_mb, project)
         path = _readable(name)
         return SpanStream(_flat(guard(file_chunks(path, name, stats), name)), name, stats)
     if isinstance(source, bytearray | Mapping) or not isinstance(source, Iterable):
@@ -135,7 +149,7 @@ def read_spans(
             f"cannot read spans from a {type(source).__name__}: give a path, a Jaeger URL "
             "or an iterable of spans"
         )
-    _reject_query_options(service, lookback, limit, timeout, max_response_mb)
+    _reject_query_options(service, lookback, limit, timeout, max_response_mb, project)
     stats.format = "memory"
     return SpanStream(memory_spans(source, stats), "memory", stats)
 
@@ -168,12 +182,13 @@ def _reject_query_options(
     limit: int | None,
     timeout: float | None,
     max_response_mb: float | None,
+    project: str | None = None,
 ) -> None:
-    options = (service, limit, timeout, max_response_mb)
+    options = (service, limit, timeout, max_response_mb, project)
     if any(option is not None for option in options) or lookback != _DEFAULT_LOOKBACK:
         raise ConfigurationError(
-            "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
-            "query URL"
+            "service, project, lookback, limit, timeout and max_response_mb apply only to a "
+            "Jaeger query URL or a Phoenix URL"
         )
 
 

@@ -5,6 +5,7 @@ The answer is the Jaeger JSON envelope ``{"data": [trace, ...], "errors": ...}``
 and HTTP errors are :class:`SourceNotFoundError`; a body that is not the envelope, or one
 larger than the limit, is :class:`TraceFormatError`.
 
+:func:`get` is the bounded GET itself, shared with Phoenix's reader (:mod:`.phoenix_api`).
 Every fetch is bounded: an overall deadline for the whole exchange (connecting, the request,
 every byte of the answer, redirects included: a server that trickles a byte at a time is cut
 at the deadline, not merely between reads) and a limit on the answer's size, counted as it
@@ -133,23 +134,47 @@ def fetch(
             ``errors``.
         TraceFormatError: the body is larger than ``max_bytes``, not JSON or not the envelope.
     """
+    body = get(url, timeout, max_bytes)
+    _check_envelope(url, body)
+    return body
+
+
+def get(
+    url: str, timeout: float, max_bytes: int, backend: str = "Jaeger", deadline_s: float | None = None
+) -> bytearray:
+    """GET the URL with a deadline and a size limit; every failure is one line naming ``url``
+    and ``backend`` (the Jaeger query API, Phoenix's REST API).
+
+    Args:
+        url: the URL.
+        timeout: seconds this GET may take, from connecting to the answer's last byte.
+        max_bytes: the largest answer read.
+        backend: the server's name, for the messages.
+        deadline_s: the limit the messages name (a read of several pages shares one
+            ``--timeout``); default ``timeout``.
+
+    Returns:
+        The body of a 200 answer.
+
+    Raises:
+        SourceNotFoundError: unreachable, past the deadline, unknown host, non-200.
+        TraceFormatError: the body is larger than ``max_bytes``.
+    """
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with _Deadline(timeout) as deadline:
+    with _Deadline(timeout, backend, deadline_s) as deadline:
         try:
             with deadline.opener().open(request, timeout=timeout) as response:
-                body = _read_capped(response, url, max_bytes)
+                body = _read_capped(response, url, max_bytes, backend)
         except urllib.error.HTTPError as exc:
-            message = _http_error(url, exc)
+            message = _http_error(url, exc, backend)
             deadline.check(url)
             raise SourceNotFoundError(message) from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             deadline.check(url, exc)
-            raise SourceNotFoundError(
-                f"{url}: cannot reach the Jaeger query API ({_why(exc)})"
-            ) from exc
+            api = "the Jaeger query API" if backend == "Jaeger" else f"{backend}'s REST API"
+            raise SourceNotFoundError(f"{url}: cannot reach {api} ({_why(exc)})") from exc
         # A read cut short by the deadline ends like a complete one: the clock decides.
         deadline.check(url)
-    _check_envelope(url, body)
     return body
 
 
@@ -158,8 +183,10 @@ class _Deadline:
     shut down, which ends a read blocked in any phase (a per-operation timeout would let a
     server that sends a byte now and then hold the fetch for ever)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, backend: str, limit_s: float | None) -> None:
         self.seconds = seconds
+        self.backend = backend
+        self.limit_s = seconds if limit_s is None else limit_s
         self.passed = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -181,7 +208,7 @@ class _Deadline:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         if self.passed or isinstance(reason, TimeoutError):
             raise SourceNotFoundError(
-                f"{url}: Jaeger did not answer within {self.seconds:g} s (see --timeout)"
+                f"{url}: {self.backend} did not answer within {self.limit_s:g} s (see --timeout)"
             )
 
     def watch(self, sock: socket.socket) -> None:
@@ -237,22 +264,25 @@ def _shut(sock: socket.socket) -> None:
         pass  # closed already
 
 
-def _read_capped(response: http.client.HTTPResponse, url: str, max_bytes: int) -> bytearray:
+def _read_capped(
+    response: http.client.HTTPResponse, url: str, max_bytes: int, backend: str
+) -> bytearray:
     # Counted as it arrives, so an endless body stops one chunk past the limit.
     if response.length is not None and response.length > max_bytes:
-        raise _too_large(url, max_bytes)
+        raise _too_large(url, max_bytes, backend)
     body = bytearray()
     while chunk := response.read(min(_CHUNK, max_bytes + 1 - len(body))):
         body += chunk
         if len(body) > max_bytes:
-            raise _too_large(url, max_bytes)
+            raise _too_large(url, max_bytes, backend)
     return body
 
 
-def _too_large(url: str, max_bytes: int) -> TraceFormatError:
+def _too_large(url: str, max_bytes: int, backend: str) -> TraceFormatError:
+    fewer = "--limit, --lookback" if backend == "Jaeger" else "--lookback"
     return TraceFormatError(
-        f"{url}: the Jaeger answer is larger than {max_bytes / _MB:g} MB (see "
-        "--max-response-mb; or ask for fewer traces: --limit, --lookback)"
+        f"{url}: the {backend} answer is larger than {max_bytes / _MB:g} MB (see "
+        f"--max-response-mb; or ask for fewer traces: {fewer})"
     )
 
 
@@ -286,15 +316,18 @@ def _why(exc: BaseException) -> str:
     return one_line(f"{type(reason).__name__}: {reason}", 160)
 
 
-def _http_error(url: str, exc: urllib.error.HTTPError) -> str:
+def _http_error(url: str, exc: urllib.error.HTTPError, backend: str) -> str:
     try:
-        detail = _messages(orjson.loads(exc.read(_MAX_ERROR_BODY)))
+        page = exc.read(_MAX_ERROR_BODY)
+        plain = (exc.headers.get_content_type() if exc.headers else "") == "text/plain"
+        # Jaeger answers errors as JSON; Phoenix as a line of plain text.
+        detail = one_line(page.decode("utf-8", "replace"), 200) if plain else _messages(orjson.loads(page))
     except (OSError, orjson.JSONDecodeError, AttributeError, TypeError):
         detail = ""
     finally:
         exc.close()
     suffix = f": {detail}" if detail else ""
-    return f"{url}: Jaeger answered HTTP {exc.code} {one_line(str(exc.reason), 60)}{suffix}"
+    return f"{url}: {backend} answered HTTP {exc.code} {one_line(str(exc.reason), 60)}{suffix}"
 
 
 def _messages(doc: Any) -> str:

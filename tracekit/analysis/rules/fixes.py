@@ -56,6 +56,20 @@ def tokenize_off_loop(code: StageCode, why: str) -> tuple[str, str]:
     """
     stage = code.stage or "tokenize"
     where = code.function or stage
+    if code.holds_gil is False and code.shape == semconv.SHAPE_FUNCTION:
+        # A call recorded as GIL-free (tracekit.integrations.tokenizers: encode_batch,
+        # decode_batch): the same call, in a worker thread.
+        method = _ident(code.qualname, "encode_batch")
+        title = (
+            f"Run {where} in a worker thread: it releases the GIL (recorded "
+            f"{semconv.HOLDS_GIL}=false, measured per method; {why})"
+        )
+        body = f"""import asyncio
+
+# at each call site (was: tokenizer.{method}(...) on the event loop):
+result = await asyncio.to_thread(tokenizer.{method}, *args)
+"""
+        return title, body
     if code.is_generator or code.shape == semconv.SHAPE_BLOCK:
         title = (
             f"In {where} ({code.shape_words()}; {why}), call the tokenizer as "

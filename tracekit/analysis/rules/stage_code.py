@@ -65,6 +65,8 @@ class StageCode:
         hot: the hottest functions of its largest pyinstrument profile
             (``tracekit.profile.hot``, tracekit.integrations.pyinstrument), if any.
         profiled_ms: that profile's sampled time.
+        holds_gil: whether its call holds the GIL throughout, where an integration recorded
+            it (``tracekit.holds_gil``: measured per library method), else ``None``.
     """
 
     stage: str | None
@@ -76,6 +78,7 @@ class StageCode:
     frames: str | None = None
     hot: str | None = None
     profiled_ms: float = 0.0
+    holds_gil: bool | None = None
 
     @classmethod
     def of(cls, stage: str | None, records: Iterable[StageRecord | None]) -> StageCode:
@@ -105,6 +108,7 @@ class StageCode:
             return cls(stage)
         key = max(cpu, key=lambda k: (cpu[k], str(k)))
         record = first[key]
+        holds_gil = record.attributes.get(semconv.HOLDS_GIL)
         return cls(
             stage=stage,
             kind=record.kind,
@@ -115,6 +119,7 @@ class StageCode:
             frames=record.blocked_frames,
             hot=hot,
             profiled_ms=profiled,
+            holds_gil=holds_gil if isinstance(holds_gil, bool) else None,
         )
 
     def profile_note(self) -> str:
