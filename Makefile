@@ -61,7 +61,9 @@ $(PHOENIX_INSTALLED): constraints-phoenix.txt
 	@echo "   end-to-end test (first run only, ~100 s, ~850 MB)"
 	rm -rf $(PHOENIX_VENV)
 	$(PY) -m venv $(PHOENIX_VENV)
-	$(PHOENIX_VENV)/bin/python -m pip install -q -c constraints-phoenix.txt arize-phoenix
+	@# pip says nothing while it installs: a line every 10 s
+	(while sleep 10; do echo "   ... still installing Phoenix"; done) & ticker=$$!; \
+	$(PHOENIX_VENV)/bin/python -m pip install -q -c constraints-phoenix.txt arize-phoenix; status=$$?; kill $$ticker; exit $$status
 	touch $@
 
 build: $(COMPILED)  ## (re)compile the request path after editing it (make demo and make test do too)
