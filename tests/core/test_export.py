@@ -391,7 +391,8 @@ def test_finished_requests_leave_no_reference_cycle_behind() -> None:
             for _ in range(20):
                 asyncio.run(call(app, http_scope("/v1/chat/s1", method="POST")))
             rec.spans  # noqa: B018 (flushes: every record is built)
-            alive = sum(type(o) is Record for o in gc.get_objects())  # not isinstance: torch's deprecated objects warn on __class__
+            # type(), not isinstance: torch's deprecated objects warn when asked their __class__
+            alive = sum(type(o) is Record for o in gc.get_objects())
         finally:
             gc.enable()
     assert len([s for s in rec.spans if s.kind.name == "SERVER"]) == 20
