@@ -174,3 +174,7 @@ def test_tracekits_own_work_is_not_an_application_block() -> None:
     frames, own = watchdog._stack(_calls(exporting, middleware, app, library))  # type: ignore[arg-type]
     assert not own and watchdog._blame(frames).startswith("app/handlers.py:2 in f")
     assert not any(f.startswith(package) for f, _, _ in frames)
+    # tracekit demo's gateway is an application, even where tracekit is an installed package
+    demo = os.path.join(package, "demo", "gateway.py")
+    frames, own = watchdog._stack(_calls(middleware, demo, library))  # type: ignore[arg-type]
+    assert not own and watchdog._blame(frames).endswith("demo/gateway.py:2 in f")

@@ -49,6 +49,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 # writing a trace file): its cost, never an application's block. Its other frames (the
 # middleware, stage wrappers, the loop driver) are on every request's stack: left out.
 _OWN_WORK_DIRS = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in ("_export", "exporters"))
+# ``tracekit demo``'s gateway and model server: applications that ship inside the package.
+_DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep
 _LIBRARY_DIRS = tuple(
     {p for key in ("stdlib", "platstdlib", "purelib", "platlib")
      if (p := sysconfig.get_paths().get(key))}
@@ -186,7 +188,7 @@ def _stack(frame: FrameType | None) -> tuple[list[tuple[str, int, str]], bool]:
     own: bool | None = None  # decided by the innermost frame that is tracekit's work or the app's
     while frame is not None and len(frames) < STACK_DEPTH:
         filename = frame.f_code.co_filename
-        if filename.startswith(_PACKAGE_DIR):
+        if filename.startswith(_PACKAGE_DIR) and not filename.startswith(_DEMO_DIR):
             if own is None and filename.startswith(_OWN_WORK_DIRS):
                 own = True
         else:
@@ -198,7 +200,8 @@ def _stack(frame: FrameType | None) -> tuple[list[tuple[str, int, str]], bool]:
 
 
 def _is_application(filename: str) -> bool:
-    return not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<")
+    return filename.startswith(_DEMO_DIR) or (
+        not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<"))
 
 
 def _blame(frames: list[tuple[str, int, str]]) -> str:
