@@ -322,3 +322,26 @@ def test_the_parallel_reader_carries_the_loop_windows(tmp_path: Path) -> None:
     assert found.orphans == (0, 0)
     assert agg.loops.to_dict() == one.aggregator.loops.to_dict()
     assert agg.loops.to_dict()["windows"] == 6  # type: ignore[index]
+
+
+def test_saturation_from_a_blocking_call_is_blocking_call_on_loops_finding() -> None:
+    # A new user's gateway: a sync cache lookup sleeping 30 ms on the loop (0.3 ms of CPU) and
+    # a 2 ms render, the loop's lag high. By CPU the cache is 13% of the requests' on-loop work
+    # and loop-saturated blamed the rest, "no stage's longest slice reached 5 ms"; by the time
+    # held it is 94%: blocking-call-on-loop's finding is the fix, and loop-saturated is quiet.
+    spans = [*_windows(4, requests=400.0, lag=(8.0, 25.0, 60.0), probes=100)]
+    for i in range(48):
+        spans += request_spans(i * 80.0, 60.0, [("cache", 0.3, 0.0), ("render", 2.0, 0.0)], loop_wait=20.0)
+        cache = next(s for s in spans[-3:] if s.name == "cache")
+        cache.end_ns = cache.start_ns + 31_000_000
+        cache.attributes.update({semconv.WALL_MS: 31.0, semconv.WAIT_MS: 30.7, semconv.MAX_BLOCK_MS: 30.0,
+                                 semconv.LOOP_SLICES_US: [0, 30_000]})  # fmt: skip
+    rules = [f.rule for f in analyze_spans(spans).findings]
+    assert "blocking-call-on-loop" in rules and "loop-saturated" not in rules
+    # Saturated all the same with the cache's CPU-free hold shorter than the gate: the finding
+    # names its longest slice only when one reached it.
+    for s in spans:
+        if s.name == "cache":
+            s.attributes.update({semconv.MAX_BLOCK_MS: 0.9, semconv.LOOP_SLICES_US: [0, 300]})
+    (f,) = [f for f in analyze_spans(spans).findings if f.rule == "loop-saturated"]
+    assert "in short slices (no stage's longest slice reached 5.0 ms)" in f.evidence

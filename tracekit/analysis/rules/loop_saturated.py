@@ -9,9 +9,10 @@ thread runnable but off-CPU, so its busy ratio reads low and its lag does not. M
 served test gateway (``tests/analysis/test_loop_view_real.py``): 29-44% busy, lag p50 42-124
 ms, p95 154-218 ms, with a load generator and other jobs on the same 2 cores.
 
-One symptom, one finding: when the on-loop CPU of stages that ``cpu-on-loop`` or
-``blocking-call-on-loop`` flag (their own gates, asked through their ``fires``) is at least
-``fold_share`` of the requests' on-loop CPU, their findings are the fix and this rule stays
+One symptom, one finding: when the time that stages ``cpu-on-loop`` or
+``blocking-call-on-loop`` flag (their own gates, asked through their ``fires``) held the loop
+is at least ``fold_share`` of the time the requests held it (CPU, and blocking calls' time
+off the CPU), their findings are the fix and this rule stays
 quiet; when the loop's background CPU exceeds the requests' CPU, ``background-on-loop``
 reports it. Otherwise the loop is saturated by many short slices of many stages: the fix is
 more worker processes, or less CPU per request named by stage.
@@ -59,8 +60,8 @@ MIN_LAG_MS = 5.0
 #: purpose: a starved loop thread reads far below its real load (29% and 42-44% measured on
 #: the served test gateway, loop waits 120-240 ms per request, the 2-core host at load 4-7).
 MIN_BUSY_WITH_LAG = 0.1
-#: Flagged stages (cpu-on-loop, blocking-call-on-loop) with this share of the requests'
-#: on-loop CPU explain the saturation: their findings are the fix.
+#: Flagged stages (cpu-on-loop, blocking-call-on-loop) with this share of the time the
+#: requests held the loop explain the saturation: their findings are the fix.
 FOLD_SHARE = 0.5
 #: The busy ratio the proposed worker count aims at: at 50% an M/M/1 loop waits one service
 #: time per visit, and a 2x burst still fits.
@@ -130,13 +131,18 @@ class LoopSaturated:
         index = LoopIndex.of(requests, ctx)
         routes = by_route(requests, RuleContext())
         p50s = {route: p50_latency(reqs) for route, reqs in routes.items()}
-        flagged = {
-            key for key, us in uses.items()
-            if len(us) >= self.min_requests and (
-                self.cpu_rule.fires(key[0], key[1], us, p50s.get(key[0], 0.0), load.service, index)
-                or self.blocking_rule.fires(us))
-        }  # fmt: skip
-        if sum(cpu[key] for key in flagged) >= self.fold_share * total:
+        flagged: dict[tuple[str, str | None], str] = {}  # -> the rule that reports it
+        for key, us in uses.items():
+            if len(us) < self.min_requests:
+                continue
+            if self.cpu_rule.fires(key[0], key[1], us, p50s.get(key[0], 0.0), load.service, index):
+                flagged[key] = self.cpu_rule.id
+            elif self.blocking_rule.fires(us):
+                flagged[key] = self.blocking_rule.id
+        # Their share of the time the requests held the loop (a blocking call holds it without
+        # CPU: by CPU alone a time.sleep on the loop would leave this rule blaming the rest).
+        held = {key: sum(max(u.held_ms - u.gc_ms, u.cpu_ms) for u in us) for key, us in uses.items()}
+        if sum(held[key] for key in flagged) >= self.fold_share * sum(held.values()):
             return None  # cpu-on-loop / blocking-call-on-loop name the fix
         victim = self._victim(load)
         if victim is None or (ctx.route is not None and victim != ctx.route):
@@ -157,7 +163,7 @@ class LoopSaturated:
             for k in ranked[:4]
             if cpu[k] >= 0.01 * total
         ]
-        folded = [name_of(k[1]) for k in ranked if k in flagged]
+        folded = [f"{name_of(k[1])}: see {flagged[k]}" for k in ranked if k in flagged]
         evidence = [
             f"the event loop of {load.service} was busy {load.busy_p50:.0%} of the time (median of "
             f"{len(load.windows)} windows, p95 {percentile(load.busy, 0.95):.0%}; {now} "
@@ -173,9 +179,15 @@ class LoopSaturated:
                 "the loop thread was runnable more than it ran: it waited for a CPU or the GIL "
                 "(other processes or threads), so more workers need free cores"
             )
+        slice_ms = {k: max(u.slice_ms for u in uses[k]) for k in ranked}
+        longest = max(ranked, key=lambda k: slice_ms[k])  # ranked: ties go to the most CPU
+        slices = (
+            f"in short slices (no stage's longest slice reached {ms(self.cpu_rule.min_slice_ms)})"
+            if slice_ms[longest] < self.cpu_rule.min_slice_ms
+            else f"(longest slice: {name_of(longest[1])} {ms(slice_ms[longest])})"
+        )
         evidence.append(
-            f"each request ran {ms(per_request)} of CPU on it in short slices (no stage's longest "
-            f"slice reached {ms(self.cpu_rule.min_slice_ms)}): {', '.join(parts)}; plus "
+            f"each request ran {ms(per_request)} of CPU on it {slices}: {', '.join(parts)}; plus "
             f"{ms(load.per_request(load.untraced_cpu_ms))} per request that no request owns (server "
             f"I/O and tasks of no request {ms(load.per_request(load.background_cpu_ms))}, GC "
             f"{ms(load.per_request(load.gc_cpu_ms))}, tracekit {ms(load.per_request(load.tracekit_cpu_ms))})"
@@ -185,7 +197,7 @@ class LoopSaturated:
             f"(p95 {ms(percentile(waits, 0.95))})"
         )
         if folded:
-            evidence.append(f"{', '.join(folded)}: see cpu-on-loop")
+            evidence.append("; ".join(folded))
         profile = None
         for window in load.windows:
             profile = larger_profile(profile, window.profile)
@@ -229,7 +241,7 @@ class LoopSaturated:
         self,
         load: LoopLoad,
         ranked: list[tuple[str, str | None]],
-        flagged: set[tuple[str, str | None]],
+        flagged: dict[tuple[str, str | None], str],
         cpu: dict[tuple[str, str | None], float],
         uses: dict[tuple[str, str | None], list[Usage]],
         total: float,
