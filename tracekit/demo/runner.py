@@ -368,5 +368,8 @@ def keep_running(options: Options, services: Services) -> None:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM: stop the servers as Ctrl-C does
+    # SIGTERM: stop the servers as Ctrl-C does, through SIGINT's own handler (inside the load,
+    # asyncio.run's: it cancels the load and then raises KeyboardInterrupt; raised here, inside
+    # a task, the interrupt was left on the task and printed as never retrieved).
+    signal.raise_signal(signal.SIGINT)
 
