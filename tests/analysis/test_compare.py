@@ -155,3 +155,9 @@ def test_instrumented_runs_compare_breakdown_streams_and_projections(runs: tuple
     assert check.verdict in ("held", "missed", "wrong direction")
     text = result.to_text(width=100, color=False)
     assert "cpu-on-loop · tokenize · selected" in text or "cpu-on-loop - tokenize - selected" in text
+    # Another finding's projection is listed, not judged against a change it did not make.
+    assert [c.label for c in route.projections if not c.selected] == ["sequential-independent:guardrail"]
+    other = next(line for line in text.splitlines() if "sequential-independent" in line)
+    assert "not the change made" in other and not any(v in other for v in ("held", "missed", "wrong"))
+    judged = [line for line in text.splitlines() if line.rstrip().endswith((": held", "(short)", "(beyond)"))]
+    assert len(judged) == 3  # p50, p95 and rps of the change made only

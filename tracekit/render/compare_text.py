@@ -166,11 +166,13 @@ class _Renderer:
         tone = _tone(p, verdict)
         name = _s(c.get("rule")) + (f" {g.dot} {_s(c['stage'])}" if c.get("stage") else "")
         mark = f"{g.arrow} " if c.get("selected") else "  "
-        tags = [f"{tone}{verdict}{p.reset}"]
-        if c.get("selected"):
-            tags.insert(0, "selected")
+        # Only the change made is judged: measured against another fix's projection, a "held"
+        # says nothing (both intervals wide enough to overlap) and reads as a claim.
+        tags = ["selected", f"{tone}{verdict}{p.reset}"] if c.get("selected") else ["not the change made"]
         tags.append("still found in after" if c.get("still_found") else "not found in after")
         self._add(f"  {mark}{p.bold}{name}{p.reset} {g.dot} " + f" {g.dot} ".join(tags))
+        if not c.get("selected"):
+            return
         for m in c.get("metrics") or []:
             if isinstance(m, Mapping):
                 self._metric(m)
