@@ -210,9 +210,11 @@ def evaluate(budgets: Mapping[str, Any], requests: Sequence[RequestRecord],
         if key == "findings":
             breaches += _findings(limit, findings)
         elif key == "stage_p95_ms":
+            ran = sorted({s.name for r in requests for s in r.stages if s.name})
             for name, ms in limit.items():
                 values = [(r, s.wall_ms) for r in requests for s in r.stages if s.name == name]
-                breaches += _p95(f"stage_p95_ms[{name}]", ms, values, f"stage {name!r} never ran")
+                why = f"stage {name!r} never ran (stages that ran: {', '.join(ran) or 'none'})"
+                breaches += _p95(f"stage_p95_ms[{name}]", ms, values, why)
         elif key == "max_block_ms":
             values = _known(requests, lambda r: r.max_block_ms)
             breaches += _limit(key, limit, values, "max", max, "ms")

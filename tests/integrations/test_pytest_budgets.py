@@ -58,7 +58,7 @@ def test_a_budget_nothing_measured_is_not_met() -> None:
     requests = [request("POST /chat", 50, tokenize_ms=5)]
     breaches = evaluate({"stage_p95_ms": {"detokenize": 5}, "ttft_p95_ms": 500}, requests, [])
     assert [(b.measured, b.requests) for b in breaches] == [
-        ("not measured", "stage 'detokenize' never ran"),
+        ("not measured", "stage 'detokenize' never ran (stages that ran: tokenize)"),
         ("not measured", "no request streamed a body (no TTFT)"),
     ]
     (breach,) = evaluate({"max_block_ms": 20}, [], [])
