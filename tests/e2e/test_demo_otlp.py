@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +28,8 @@ from typing import Any
 import httpx
 import pytest
 
+from .phoenix_server import running_phoenix
+
 PHOENIX = os.environ.get("TRACEKIT_PHOENIX")
 pytestmark = [
     pytest.mark.skipif(not PHOENIX, reason="set TRACEKIT_PHOENIX to a phoenix executable"),
@@ -39,44 +39,11 @@ STAGES = {"tokenize", "guardrail", "model", "serialize"}
 ROUTE = "POST /v1/chat/completions"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def phoenix() -> Iterator[str]:
-    port, grpc_port = free_port(), free_port()
-    workdir = tempfile.mkdtemp(prefix="phoenix-demo-")
-    env = {**os.environ, "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port),
-           "PHOENIX_GRPC_PORT": str(grpc_port), "PHOENIX_WORKING_DIR": workdir,
-           "PHOENIX_TELEMETRY_ENABLED": "false", "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
-           "PHOENIX_DISABLE_AGENT_ASSISTANT": "true", "PHOENIX_ENABLE_MCP_SERVER": "false",
-           "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true", "PHOENIX_AGENTS_DISABLE_GITHUB": "true",
-           "PHOENIX_AGENTS_DISABLE_BASH": "true"}  # fmt: skip
-    process = subprocess.Popen([str(PHOENIX), "serve"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, "phoenix exited"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "phoenix not ready after 120 s"
-            time.sleep(0.5)
+    assert PHOENIX is not None
+    with running_phoenix(PHOENIX) as url:
         yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def phoenix_spans(url: str) -> list[dict[str, Any]]:

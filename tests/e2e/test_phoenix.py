@@ -17,11 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,48 +35,18 @@ from tracekit.analysis.readers.memory import memory_spans
 from tracekit.analysis.readers.phoenix_api import phoenix_spans
 
 from ..core.asgi import call, http_scope
+from .phoenix_server import running_phoenix
 
 PHOENIX = os.environ.get("TRACEKIT_PHOENIX")
 pytestmark = pytest.mark.skipif(not PHOENIX, reason="set TRACEKIT_PHOENIX to a phoenix executable")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def phoenix() -> Iterator[str]:
     """One Phoenix for the module (it takes ~20 s to start): each test has its own project."""
-    port, grpc_port = _free_port(), _free_port()
-    workdir = tempfile.mkdtemp(prefix="phoenix-")
-    env = {**os.environ, "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port),
-           "PHOENIX_GRPC_PORT": str(grpc_port), "PHOENIX_WORKING_DIR": workdir,
-           "PHOENIX_TELEMETRY_ENABLED": "false", "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
-           "PHOENIX_DISABLE_AGENT_ASSISTANT": "true", "PHOENIX_ENABLE_MCP_SERVER": "false",
-           "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true", "PHOENIX_AGENTS_DISABLE_GITHUB": "true",
-           "PHOENIX_AGENTS_DISABLE_BASH": "true"}  # fmt: skip
-    process = subprocess.Popen([str(PHOENIX), "serve"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, "phoenix exited"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "phoenix not ready after 120 s"
-            time.sleep(0.5)
+    assert PHOENIX is not None
+    with running_phoenix(PHOENIX) as url:
         yield url
-    finally:
-        # Killed, not stopped gracefully (6 s of shutdown): its database is thrown away.
-        process.kill()
-        process.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @tracekit.stage("tokenize")
