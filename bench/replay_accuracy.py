@@ -26,14 +26,12 @@ import hashlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from servers import free_port, start, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = {"tokenize": "cpu-on-loop", "blocking": "blocking-call-on-loop", "serial": "serialized-model-calls"}
@@ -85,40 +83,6 @@ def make_app(case: str, fixed: bool, model_url: str) -> Any:
     return tracekit.TracekitMiddleware(app)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            err = process.stderr.read().decode()[-500:] if process.stderr else ""
-            raise SystemExit(f"server exited: {err}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise SystemExit(f"port {port} not ready")
-
-
 async def _load(port: int, requests: int, clients: int, rate: float, deadline_s: float) -> None:
     import httpx
 
@@ -150,22 +114,22 @@ async def _load(port: int, requests: int, clients: int, rate: float, deadline_s:
 
 def record(case: str, fixed: bool, args: argparse.Namespace, tmp: str) -> str:
     """Serve ``case`` (fixed or not) under load; return the trace file."""
-    model_port, port = _free_port(), _free_port()
+    model_port, port = free_port(), free_port()
     traces = str(Path(tmp) / f"{case}-{'after' if fixed else 'before'}-{time.monotonic_ns()}.jsonl")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_TRACES_EXPORTER": f"jsonl:{traces}"}
     serial = case == "serial" and not fixed
     model_args = ["--decode-ms", "2", *(["--prefill-ms", "4"] if case == "serial" else []),
                   *(["--serial"] if serial else [])]  # fmt: skip
-    model = _start(["examples/model_server.py", "--port", str(model_port), *model_args], env)
-    gateway = _start([__file__, "--serve", case, "--port", str(port), "--model-port", str(model_port),
+    model = start(["examples/model_server.py", "--port", str(model_port), *model_args], env)
+    gateway = start([__file__, "--serve", case, "--port", str(port), "--model-port", str(model_port),
                       *(["--fixed"] if fixed else [])], env)  # fmt: skip
     try:
-        _wait(model_port, model)
-        _wait(port, gateway)
+        wait_ready(model_port, model)
+        wait_ready(port, gateway)
         asyncio.run(_load(port, args.requests, args.clients, args.rate, deadline_s=120))
     finally:
-        _stop(gateway)
-        _stop(model)
+        stop(gateway)
+        stop(model)
     return traces
 
 

@@ -52,8 +52,6 @@ import json
 import os
 import random
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servers import free_port, start, stop, wait_ready
 from starlette.requests import Request  # module level: FastAPI resolves the handler's annotation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,43 +206,6 @@ def _train_tokenizer() -> Any:
 # --- processes ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    # SIGINT: uvicorn shuts down cleanly and tracekit exports what it holds.
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    if process.stderr is not None:
-        process.stderr.close()
-
-
-def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            err = process.stderr.read().decode()[-800:] if process.stderr else ""
-            raise SystemExit(f"validate: a server exited early: {err}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise SystemExit(f"validate: port {port} not ready in {timeout_s:.0f} s")
-
-
 def _loadavg() -> float:
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
@@ -323,20 +285,20 @@ def record(case: str, fixed: bool, load: tuple[str, float], requests: int, folde
     tag = f"{case}-{load[0]}{load[1]:g}-{'after' if fixed else 'before'}"
     traces = folder / f"{tag}.jsonl"
     traces.unlink(missing_ok=True)
-    model_port, port = _free_port(), _free_port()
+    model_port, port = free_port(), free_port()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     base_env["PYTHONPATH"] = str(ROOT) + os.pathsep + base_env.get("PYTHONPATH", "")
     serial = case == "serialized-model-calls" and not fixed
-    model = _start(["-m", "tracekit.demo.model_server", "--port", str(model_port), *name.model_args,
+    model = start(["-m", "tracekit.demo.model_server", "--port", str(model_port), *name.model_args,
                     *(["--serial"] if serial else [])], base_env)  # fmt: skip
     gateway_env = {**base_env, "OTEL_TRACES_EXPORTER": f"jsonl:{traces}"}
     gateway = None
     try:
-        gateway = _start([__file__, "--serve", case, "--port", str(port),
+        gateway = start([__file__, "--serve", case, "--port", str(port),
                           "--model-port", str(model_port), *(["--fixed"] if fixed else [])],
                          gateway_env)  # fmt: skip
-        _wait_ready(model_port, model)
-        _wait_ready(port, gateway)
+        wait_ready(model_port, model)
+        wait_ready(port, gateway)
         load_before = _loadavg()
         began = time.monotonic()
         counts = asyncio.run(_drive(port, load, requests, deadline_s=max(30.0, requests / 2)))
@@ -344,8 +306,8 @@ def record(case: str, fixed: bool, load: tuple[str, float], requests: int, folde
         load_after = _loadavg()
     finally:
         if gateway is not None:
-            _stop(gateway)
-        _stop(model)
+            stop(gateway)
+        stop(model)
     if not traces.exists() or traces.stat().st_size == 0:
         raise SystemExit(f"validate: {tag}: the gateway wrote no traces")
     if counts["failed"] > 0.02 * counts["sent"]:
