@@ -23,8 +23,13 @@ first token, decode from the first token to the last. The protocol is
 vLLM's default, which needs ``tracekit[grpc]``); the URL is given to the exporter as is
 (``http://host:4318/v1/traces`` for OTLP/HTTP).
 
+With ``--traces-file PATH`` the same spans are appended to ``PATH`` as OTLP JSON Lines
+(tracekit's ``jsonl`` exporter), which may be the gateway's own trace file: ``tracekit
+analyze`` then joins each ``llm_request`` to the call it answered, with no collector running.
+
 Run: python -m tracekit.demo.model_server --port 8001 [--serial | --max-num-seqs N]
      [--batch-cost 0.1] [--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces]
+     [--traces-file traces.jsonl]
 """
 
 from __future__ import annotations
@@ -134,9 +139,11 @@ class Timeline:
 
 
 class Tracing:
-    """The ``llm_request`` spans: an SDK tracer provider exporting over OTLP, its own."""
+    """The ``llm_request`` spans: an SDK tracer provider of its own, exporting over OTLP to
+    ``endpoint`` and/or appending OTLP JSON Lines to ``file`` (tracekit's ``jsonl`` exporter:
+    the gateway's own file can be given, both processes append whole lines to it)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str | None = None, file: str | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -145,7 +152,12 @@ class Tracing:
 
         service = os.environ.get("OTEL_SERVICE_NAME") or "model-server"
         self.provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: service}))
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        if endpoint is not None:
+            self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        if file is not None:
+            from tracekit.exporters.jsonl import JsonLinesSpanExporter
+
+            self.provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(file)))
         self.tracer = self.provider.get_tracer("tracekit.demo.model_server")
         self.propagator = TraceContextTextMapPropagator()
         self.kind = SpanKind.SERVER
@@ -273,6 +285,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="each further running sequence adds this share of --decode-ms to a step")
     parser.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                         help="export an llm_request span per request over OTLP (vLLM's flag)")  # fmt: skip
+    parser.add_argument("--traces-file", default=None, metavar="PATH",
+                        help="append the llm_request spans to PATH as OTLP JSON Lines "
+                             "(the gateway's OTEL_TRACES_EXPORTER=jsonl:PATH file may be given)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.serial:
         args.max_num_seqs = 1
@@ -301,7 +316,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = parse_args(argv)
     try:
-        tracing = Tracing(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None
+        tracing = (
+            Tracing(args.otlp_traces_endpoint, args.traces_file)
+            if args.otlp_traces_endpoint or args.traces_file
+            else None
+        )
     except (ValueError, ImportError) as error:  # a bad protocol, a missing exporter: one line
         raise SystemExit(f"model_server: error: {error}") from None
     app = make_app(args.prefill_ms, args.decode_ms, max_num_seqs=args.max_num_seqs,
