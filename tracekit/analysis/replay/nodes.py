@@ -175,11 +175,18 @@ def shrink_largest_delay(items: list[Node], by_ms: float) -> list[Node]:
 
 
 def hold_largest_delay(items: list[Node], key: str, queue_ms: float) -> list[Node]:
-    """``items`` with their largest delay (less ``queue_ms``) holding resource ``key``; all
-    of them when there is no delay."""
+    """``items`` holding resource ``key`` from their largest delay (less ``queue_ms``, the
+    wait for ``key`` the replay makes anew) through their last delay; all of them when there
+    is no delay.
+
+    Through the last delay, not the largest alone: a streamed call's largest delay is the
+    wait for its first chunk (queue, prefill, a step), yet the server keeps decoding for it
+    until its last chunk, between the stage's steps that pass each chunk on. Holding only the
+    first wait, a replayed one-at-a-time server was free for the rest of each stream and its
+    replayed queue fell short of the recorded one."""
     i = _largest_delay(items)
     if i is None:
         return [(HOLD, key, items)]
-    out = list(items)
-    out[i] = (HOLD, key, [(DELAY, max(0.0, items[i][1] - queue_ms))])
-    return out
+    last = max(k for k, node in enumerate(items) if node[0] == DELAY)
+    held = [(DELAY, max(0.0, items[i][1] - queue_ms)), *items[i + 1 : last + 1]]
+    return [*items[:i], (HOLD, key, held), *items[last + 1 :]]
