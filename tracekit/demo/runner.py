@@ -36,9 +36,10 @@ from typing import Any
 
 from tracekit.errors import ConfigurationError
 
-#: The model server's simulated timings: ~50 ms a call at 32 tokens.
-PREFILL_MS = 10.0
-DECODE_MS = 1.25
+#: The model server's simulated timings: ~100 ms a call at 32 tokens, so that the
+#: one-sequence server, busy about three quarters of the time, is the largest problem.
+PREFILL_MS = 20.0
+DECODE_MS = 2.5
 #: The batching fix: continuous batching of up to 16 sequences, each sequence in the batch
 #: adding 5% to a decode step (16 running: a step 1.75x as long as one sequence's).
 MAX_NUM_SEQS = 16
