@@ -88,7 +88,7 @@ def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path)
     else:
         assert "has no projection (the report says why)" in stdout
     print(f"demo took {elapsed:.1f} s; top {top['rule']}:{top['stage']}, projected "
-          f"{bool(top['projection'])}, p95 {p95['before']:.0f} -> {p95['after']:.0f} ms")  # -s shows it
+          f"{bool(top['projection'])}, p95 {p95['before']:.0f} -> {p95['after']:.0f} ms")  # fmt: skip
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -437,7 +437,7 @@ def test_in_a_gateway_the_model_call_is_a_child_of_the_request(upstream: Any, se
     assert [(s["stage"], s["kind"]) for s in route["stages"]] == [("model", "model")]
 
 
-def test_the_stage_is_the_parent_sent_even_under_another_instrumentations_span(upstream: Any, serve: Any) -> None:
+def test_the_stage_is_the_parent_sent_under_another_instrumentations_span(upstream: Any, serve: Any) -> None:
     """FastAPI's native telemetry keeps its ``fastapi.endpoint`` span current around the
     endpoint: the model server must still get the model stage's context, not that span's
     (the demo's non-streamed calls went out under fastapi.endpoint's id, and the model

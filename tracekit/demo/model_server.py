@@ -3,8 +3,9 @@
 ``POST /v1/chat/completions`` with ``{"messages": [...], "max_tokens": N, "stream": bool}``:
 a request waits for a slot among ``--max-num-seqs`` running sequences (FIFO, like vLLM's
 scheduler queue), then "prefills" for ``--prefill-ms`` and "decodes" one token per step of
-the engine, which steps every running sequence at once. A step takes ``--decode-ms * (1 + --batch-cost * (running - 1))``, ``running`` being the
-sequences holding a slot at that step: continuous batching, where each sequence added to the
+the engine, which steps every running sequence at once. A step takes
+``--decode-ms * (1 + --batch-cost * (running - 1))``, ``running`` being the sequences holding
+a slot at that step: continuous batching, where each sequence added to the
 batch makes every step a little slower (``--batch-cost 0``, the default, keeps a step at
 ``--decode-ms`` whatever the batch, as this server always did). ``--serial`` is
 ``--max-num-seqs 1``: one request at a time, a server without continuous batching. The

@@ -36,10 +36,11 @@ from typing import Any
 
 from tracekit.errors import ConfigurationError
 
-#: The model server's simulated timings: ~100 ms a call at 32 tokens, so that the
-#: one-sequence server, busy about three quarters of the time, is the largest problem.
+#: The model server's simulated timings: ~130 ms a call at 32 tokens, so that the
+#: one-sequence server, busy most of the time, is the largest problem by far (a smaller one
+#: was not: the loop's problems then took back about what batching saved).
 PREFILL_MS = 20.0
-DECODE_MS = 2.5
+DECODE_MS = 3.5
 #: The batching fix: continuous batching of up to 16 sequences, each sequence in the batch
 #: adding 5% to a decode step (16 running: a step 1.75x as long as one sequence's).
 MAX_NUM_SEQS = 16
@@ -61,7 +62,7 @@ SWITCH_WORDS = {
     "overlap": "the model call started beside the guardrail",
     "serialize": "orjson instead of json.dumps",
     "batching": f"a model server with continuous batching (--max-num-seqs {MAX_NUM_SEQS} "
-                f"--batch-cost {BATCH_COST}, not --serial)",
+                f"--batch-cost {BATCH_COST}, not --serial)",  # fmt: skip
 }
 #: (words in the prompt, share of requests): a question, a page of context, a long document.
 PROMPT_SIZES = ((60, 0.4), (1500, 0.4), (10000, 0.2))
