@@ -48,7 +48,7 @@ except ImportError as error:  # pragma: no cover - the extra is missing
 from opentelemetry import propagate
 
 from tracekit import semconv
-from tracekit._core import clock, stage_timing
+from tracekit._core import active_span, clock, stage_timing
 from tracekit._core.asgi import MAX_GAPS
 from tracekit._core.driver import Stepped
 from tracekit._core.failsafe import internal_error
@@ -377,9 +377,13 @@ def _begin(request: Any, settings: _Settings, streamed: bool, sync: bool) -> _Ca
             propagate.inject(request.headers)
             return None
         call = _Call(led)
-        tokens = stage_timing.bind(led)  # the stage is OpenTelemetry's current span now
+        tokens = stage_timing.bind(led)
         try:
-            propagate.inject(request.headers)
+            # The stage's own context, not whatever span is current: FastAPI's native
+            # telemetry keeps its fastapi.endpoint span current around the endpoint, and its
+            # id would reach the model server instead of the stage's.
+            context = active_span.request_context(led.request) if led.request is not None else None
+            propagate.inject(request.headers, context=context)
         finally:
             stage_timing.unbind(*tokens)
         host = request.url.host

@@ -12,6 +12,7 @@ from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer, Validation, project, validate, window
 from tracekit.analysis.replay.arrivals import arrivals
 from tracekit.analysis.replay.build import ProgramBuilder
+from tracekit.analysis.replay.nodes import hold_after_queue
 from tracekit.analysis.replay.sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.errors import ConfigurationError
 
@@ -70,6 +71,39 @@ def test_hold_is_fifo_with_capacity_and_par_joins() -> None:
     assert _ends([call, call, call], caps={"model": None}) == pytest.approx([10.0] * 3)
     par = [(PAR, [[(DELAY, 40.0)], [(DELAY, 10.0), (LOOP, 5.0, 0.0)]]), (DELAY, 1.0)]
     assert _ends([par]) == pytest.approx([41.0])
+
+
+def test_a_streamed_call_holds_a_one_at_a_time_server_until_its_last_chunk() -> None:
+    # A streamed model call as the replay reads it: the wait for the first chunk (queue,
+    # prefill, a step), then a chunk every 4 ms passed on by the loop. A one-at-a-time server
+    # decodes for it until its last chunk: 24.4 ms a call (8 ms, then four chunks of
+    # 0.1 + 4 ms), so three calls sent at once end one such turn after another (and the
+    # loop's last 0.1 ms). Holding the largest delay alone, the server was free after 8 ms of
+    # each (ends 24.5, 32.5, 40.5 ms), and the replayed queue fell short of the one recorded
+    # (the demo's serial server: simulated p95 21-27% off the measured, no projection).
+    stream = [(DELAY, 8.0), *[(LOOP, 0.1, 0.0), (DELAY, 4.0)] * 4, (LOOP, 0.1, 0.0)]
+    held = hold_after_queue(stream, "model", 0.0)
+    ends = _ends([held, held, held], caps={"model": 1})
+    assert ends == pytest.approx([24.4 * k + 0.1 for k in (1, 2, 3)], abs=0.5)
+    # A plain call holds its one delay, less the queue the replay makes anew.
+    plain = [(LOOP, 1.0, 0.0), (DELAY, 50.0), (LOOP, 1.0, 0.0)]
+    assert hold_after_queue(plain, "model", 20.0) == [
+        (LOOP, 1.0, 0.0), (HOLD, "model", [(DELAY, 30.0)]), (LOOP, 1.0, 0.0)]  # fmt: skip
+
+
+def test_the_server_is_held_from_where_its_queue_ended_not_from_the_largest_delay() -> None:
+    # A stream whose steps were merged into a few delays (as the demo's are): sent (0.2 ms),
+    # headers (1.1), the first chunk after 56 ms in the server's queue (80.6), the decode
+    # (146, the largest). The server worked for it from where the queue ended (24.6 ms into
+    # the third delay) to the end: 170.6 ms held, not 146 - 56 = 90.
+    stream = [(LOOP, 2.6, 0.0), (DELAY, 0.2), (LOOP, 1.0, 0.0), (DELAY, 1.1), (LOOP, 2.6, 0.0),
+              (DELAY, 80.6), (LOOP, 2.6, 0.0), (DELAY, 146.0), (LOOP, 0.5, 0.0)]  # fmt: skip
+    out = hold_after_queue(stream, "model", 56.0)
+    assert out[:5] == [(LOOP, 2.6, 0.0), (DELAY, 0.0), (LOOP, 1.0, 0.0), (DELAY, 0.0), (LOOP, 2.6, 0.0)]
+    hold, key, held = out[5]
+    assert (hold, key) == (HOLD, "model") and out[6:] == [(LOOP, 0.5, 0.0)]
+    assert held[0] == (DELAY, pytest.approx(80.6 - (56.0 - 1.3)))
+    assert held[1:] == [(LOOP, 2.6, 0.0), (DELAY, 146.0)]
 
 
 def test_io_wakeups_join_the_next_loop_iteration_after_call_soon_ones() -> None:

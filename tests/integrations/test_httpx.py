@@ -451,6 +451,31 @@ def test_in_a_gateway_the_model_call_is_a_child_of_the_request(upstream: Any, se
     assert [(s["stage"], s["kind"]) for s in route["stages"]] == [("model", "model")]
 
 
+def test_the_stage_is_the_parent_sent_under_another_instrumentations_span(upstream: Any, serve: Any) -> None:
+    """FastAPI's native telemetry keeps its ``fastapi.endpoint`` span current around the
+    endpoint: the model server must still get the model stage's context, not that span's
+    (the demo's non-streamed calls went out under fastapi.endpoint's id, and the model
+    server's spans joined no model call)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    client = sdk(upstream.url, tracekit_httpx.instrument(httpx.AsyncClient()))
+    framework = TracerProvider().get_tracer("framework")  # a recording span, as FastAPI's
+
+    async def completions(request: Request) -> Any:
+        with framework.start_as_current_span("fastapi.endpoint"):
+            text, _ = await chat(client, stream=False)
+        return JSONResponse({"text": text})
+
+    gateway = tracekit.TracekitMiddleware(Starlette(routes=[Route("/chat", completions, methods=["POST"])]))
+    with tracekit.record() as rec:
+        server = serve(gateway)
+        with httpx.Client(base_url=server.url, timeout=30) as caller:
+            assert caller.post("/chat").json() == {"text": "alpha beta gamma delta epsilon zeta"}
+        spans = settled(rec, 1)
+    [model] = model_spans(spans)
+    assert [tp for tp, _ in upstream.seen] == [traceparent_of(model)]
+
+
 # --- process-wide ------------------------------------------------------------------------------
 def test_process_wide_on_and_off(upstream: Any) -> None:
     original = httpx.AsyncClient.send

@@ -3,7 +3,9 @@
 FastAPI app, ``POST /v1/chat/completions`` (OpenAI-style, streamed or not): tokenize the prompt
 (a real Hugging Face ``tokenizers`` BPE, trained at start-up on a generated corpus: nothing is
 downloaded), run the input guardrail (pure-Python regexes, :mod:`tracekit.demo.policy`), call
-the model server (``tracekit.demo.model_server``; OpenAI-compatible) with httpx, and serialize
+the model server (``tracekit.demo.model_server``; OpenAI-compatible) with an httpx client that
+:mod:`tracekit.integrations.httpx` instruments (the ``model`` stage, a CLIENT span carrying
+``traceparent``), and serialize
 the reply, which echoes the prompt's tokens (``prompt_tokens_details``, as gateways that return
 token ids do).
 
@@ -21,7 +23,7 @@ serialize   ``json.dumps`` of the reply on the loop    ``orjson.dumps``
 ==========  =========================================  ===========================================
 
 The fifth problem is the model server's: ``--serial`` serves one request at a time (no
-continuous batching); the demo starts it with or without.
+continuous batching); the demo's fix starts it with ``--max-num-seqs 16 --batch-cost 0.05``.
 
 Run (with ``python -m tracekit.demo.model_server --port 8001 --serial``)::
 
@@ -57,6 +59,7 @@ except ImportError as error:  # a plain install: one line naming the extra
 
 import tracekit
 from tracekit.demo import policy
+from tracekit.integrations import httpx as tracekit_httpx
 
 #: The switches, in the order the table above gives them.
 FIXES = ("tokenize", "guardrail", "overlap", "serialize")
@@ -132,7 +135,6 @@ async def input_guardrail_in_pool(text: str) -> bool:
     return await loop.run_in_executor(_pool, policy.check_input, text, GUARDRAIL_ROUNDS)
 
 
-@tracekit.stage("model")
 async def complete(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     assert client is not None
     response = await client.post("/v1/chat/completions",
@@ -141,7 +143,6 @@ async def complete(messages: list[dict[str, str]], max_tokens: int) -> dict[str,
     return response.json()  # type: ignore[no-any-return]
 
 
-@tracekit.stage("model")
 async def stream_completion(messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[Any]:
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True}
     assert client is not None
@@ -243,7 +244,9 @@ def create_app(model_url: str | None = None, fixes: frozenset[str] | None = None
     global FIXED, TOKENIZER, client
     FIXED = fixes_from_env() if fixes is None else fixes
     TOKENIZER = train_tokenizer()
-    client = httpx.AsyncClient(base_url=model_url or MODEL_URL, timeout=60)
+    # The model calls are the client's: each POST a `model` stage with a CLIENT span whose
+    # traceparent the model server's llm_request span joins (its queue, prefill, decode).
+    client = tracekit_httpx.instrument(httpx.AsyncClient(base_url=model_url or MODEL_URL, timeout=60))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -2,9 +2,10 @@
 
 ``POST /v1/chat/completions`` with ``{"messages": [...], "max_tokens": N, "stream": bool}``:
 a request waits for a slot among ``--max-num-seqs`` running sequences (FIFO, like vLLM's
-scheduler queue), then "prefills" for ``--prefill-ms`` and "decodes" one token per step.
-A step takes ``--decode-ms * (1 + --batch-cost * (running - 1))``, ``running`` being the
-sequences holding a slot at that step: continuous batching, where each sequence added to the
+scheduler queue), then "prefills" for ``--prefill-ms`` and "decodes" one token per step of
+the engine, which steps every running sequence at once. A step takes
+``--decode-ms * (1 + --batch-cost * (running - 1))``, ``running`` being the sequences holding
+a slot at that step: continuous batching, where each sequence added to the
 batch makes every step a little slower (``--batch-cost 0``, the default, keeps a step at
 ``--decode-ms`` whatever the batch, as this server always did). ``--serial`` is
 ``--max-num-seqs 1``: one request at a time, a server without continuous batching. The
@@ -23,8 +24,13 @@ first token, decode from the first token to the last. The protocol is
 vLLM's default, which needs ``tracekit[grpc]``); the URL is given to the exporter as is
 (``http://host:4318/v1/traces`` for OTLP/HTTP).
 
+With ``--traces-file PATH`` the same spans are appended to ``PATH`` as OTLP JSON Lines
+(tracekit's ``jsonl`` exporter), which may be the gateway's own trace file: ``tracekit
+analyze`` then joins each ``llm_request`` to the call it answered, with no collector running.
+
 Run: python -m tracekit.demo.model_server --port 8001 [--serial | --max-num-seqs N]
      [--batch-cost 0.1] [--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces]
+     [--traces-file traces.jsonl]
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ class Engine:
         self.batch_cost = batch_cost
         self.running = 0
         self.waiting: deque[asyncio.Future[None]] = deque()
+        self._step: asyncio.Future[None] | None = None  # the decode step under way
+        self._due = -1.0  # when the last step was due to end (the loop's clock)
 
     async def admit(self) -> None:
         """Wait for a slot (FIFO)."""
@@ -97,6 +105,26 @@ class Engine:
     def step_s(self) -> float:
         """One decode step's time at the current batch size."""
         return self.decode_s * (1 + self.batch_cost * (self.running - 1))
+
+    async def step(self) -> None:
+        """Wait for the end of a decode step, which yields one token to every sequence
+        waiting on it: one timer for the whole batch, as an engine steps its batch. A step
+        that follows the last one back to back is due one step after the last was due, not
+        after the timer fired: timers fire early or late (uvloop's are whole milliseconds:
+        2.2 ms steps alone and 2.8 ms among two or three at --decode-ms 2.5 --batch-cost
+        0.05, measured, where 2.5 and 2.6-2.75 were asked), and this keeps their mean."""
+        if self._step is None:
+            loop = asyncio.get_running_loop()
+            length = self.step_s()
+            now = loop.time()
+            self._due = (self._due if now - self._due < length else now) + length
+            step = self._step = loop.create_future()
+            loop.call_at(self._due, self._end_step, step)
+        await asyncio.shield(self._step)  # a caller going away does not cancel the others' step
+
+    def _end_step(self, step: asyncio.Future[None]) -> None:
+        self._step = None
+        step.set_result(None)
 
 
 @dataclass
@@ -134,9 +162,11 @@ class Timeline:
 
 
 class Tracing:
-    """The ``llm_request`` spans: an SDK tracer provider exporting over OTLP, its own."""
+    """The ``llm_request`` spans: an SDK tracer provider of its own, exporting over OTLP to
+    ``endpoint`` and/or appending OTLP JSON Lines to ``file`` (tracekit's ``jsonl`` exporter:
+    the gateway's own file can be given, both processes append whole lines to it)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str | None = None, file: str | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -145,7 +175,12 @@ class Tracing:
 
         service = os.environ.get("OTEL_SERVICE_NAME") or "model-server"
         self.provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: service}))
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        if endpoint is not None:
+            self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        if file is not None:
+            from tracekit.exporters.jsonl import JsonLinesSpanExporter
+
+            self.provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(file)))
         self.tracer = self.provider.get_tracer("tracekit.demo.model_server")
         self.propagator = TraceContextTextMapPropagator()
         self.kind = SpanKind.SERVER
@@ -204,12 +239,16 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
 
     async def generate(timeline: Timeline) -> AsyncIterator[str]:
         # Holds a slot from the queue to the last token (or until the caller goes away).
+        # The request reaches the engine now (vLLM's arrival_time): for a stream, after the
+        # response has started, so the time before (the first stream's lazy imports, 45 ms
+        # measured) is not read as time in the engine's queue.
+        timeline.arrival_ns, timeline.arrival = time.time_ns(), time.perf_counter()
         await engine.admit()
         try:
             timeline.scheduled = time.perf_counter()
             await asyncio.sleep(engine.prefill_s)
             for i in range(timeline.max_tokens):
-                await asyncio.sleep(engine.step_s())
+                await engine.step()
                 timeline.last_token = time.perf_counter()
                 if timeline.first_token is None:
                     timeline.first_token = timeline.last_token
@@ -273,6 +312,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="each further running sequence adds this share of --decode-ms to a step")
     parser.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                         help="export an llm_request span per request over OTLP (vLLM's flag)")  # fmt: skip
+    parser.add_argument("--traces-file", default=None, metavar="PATH",
+                        help="append the llm_request spans to PATH as OTLP JSON Lines "
+                             "(the gateway's OTEL_TRACES_EXPORTER=jsonl:PATH file may be given)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.serial:
         args.max_num_seqs = 1
@@ -301,7 +343,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = parse_args(argv)
     try:
-        tracing = Tracing(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None
+        tracing = (
+            Tracing(args.otlp_traces_endpoint, args.traces_file)
+            if args.otlp_traces_endpoint or args.traces_file
+            else None
+        )
     except (ValueError, ImportError) as error:  # a bad protocol, a missing exporter: one line
         raise SystemExit(f"model_server: error: {error}") from None
     app = make_app(args.prefill_ms, args.decode_ms, max_num_seqs=args.max_num_seqs,

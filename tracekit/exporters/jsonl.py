@@ -90,7 +90,7 @@ def encode(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 class JsonLinesSpanExporter(SpanExporter):
-    """Appends each batch of spans to ``path`` as one line of OTLP JSON.
+    """Appends each batch of spans to ``path`` as one line of OTLP JSON, in one write.
 
     Args:
         path: the file to append to (created with its directory if missing).
@@ -100,7 +100,9 @@ class JsonLinesSpanExporter(SpanExporter):
         self.path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 (kept open: one handle, many batches)
+        # Unbuffered, appending: each line is one write(2) at the end of the file, so several
+        # processes (a gateway and its model server) can append to one file, line by line.
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (kept open: one handle, many batches)
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -112,7 +114,6 @@ class JsonLinesSpanExporter(SpanExporter):
             if self._file.closed:
                 return SpanExportResult.FAILURE
             self._file.write(line)
-            self._file.flush()
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:

@@ -56,7 +56,7 @@ from tracekit.analysis.replay.nodes import (
     free_ms,
     gap_resumptions,
     gaps,
-    hold_largest_delay,
+    hold_after_queue,
     merge_loops,
     resumptions,
     shrink_largest_delay,
@@ -389,7 +389,7 @@ class ProgramBuilder:
             return items
         if call.wrap_stage:
             return [(HOLD, call.key, shrink_largest_delay(items, call.queue_in_ms))]
-        return hold_largest_delay(items, call.key, call.queue_in_ms)
+        return hold_after_queue(items, call.key, call.queue_in_ms)
 
 
 def _waits_in(waits: list[Interval], start: int, end: int) -> bool:

@@ -364,7 +364,7 @@ vllm serve MODEL --max-num-seqs 256
 """
         return title, code
     title = (
-        f"Serve {function or stage}'s model with continuous batching "
+        f"Serve {function or f'the {stage} stage'}'s model with continuous batching "
         f"(vLLM, or a larger --max-num-seqs)"
     )
     code = """# The model server answered one request at a time. Serve the model with a
