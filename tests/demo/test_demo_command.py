@@ -29,8 +29,11 @@ PIDS = re.compile(r"model server pid (\d+) .* gateway pid (\d+)")
 
 
 def demo(out: Path, *args: str) -> subprocess.Popen[str]:
-    # cwd elsewhere than the checkout: the command runs from the installed package.
-    return subprocess.Popen([sys.executable, "-m", "tracekit", "demo", "--out", str(out), *args],
+    # The installed command, run where a user may stand: outside the checkout, beside a folder
+    # named tracekit (a clone's parent), which `python -m` in its servers once imported instead.
+    out.parent.joinpath("tracekit").mkdir(exist_ok=True)
+    command = Path(sys.executable).with_name("tracekit")
+    return subprocess.Popen([str(command), "demo", "--out", str(out), *args],
                             cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
 
@@ -105,8 +108,8 @@ def test_interrupted_demo_stops_every_process_it_started(tmp_path: Path, sig: in
             pids = [int(match[1]), int(match[2])]
     assert pids, "the demo never said which servers it started"
     # Interrupt mid-load: wait for the first progress line.
-    while "answered" not in process.stdout.readline():
-        pass
+    while "answered" not in (line := process.stdout.readline()):
+        assert line, "the demo ended before its load started"
     process.send_signal(sig)
     rest, _ = process.communicate(timeout=60)
     assert process.returncode == 130, rest[-2000:]

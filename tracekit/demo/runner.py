@@ -122,8 +122,11 @@ class Services:
         with open(log, "ab") as err:
             # A session of its own: Ctrl-C reaches the demo, which stops it (and the process
             # pool it may start) in order, after the gateway has flushed its traces.
+            # In the output folder: `python -m` puts its cwd first on sys.path, and a folder named
+            # tracekit where the user stands (a clone's parent) was imported instead of tracekit.
             process = subprocess.Popen([sys.executable, *args], env=env, stdin=subprocess.DEVNULL,
-                                       stdout=err, stderr=err, start_new_session=True)  # fmt: skip
+                                       stdout=err, stderr=err, start_new_session=True,
+                                       cwd=log.parent)  # fmt: skip
         self.processes.append((name, process))
         return process
 
