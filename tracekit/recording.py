@@ -95,7 +95,7 @@ class Recording:
             # the sleep lets that thread finish the few steps between.
             time.sleep(0.005)
             running = any(view.inflight > 0 for view in live_views())
-            waiting = any(runtime._lingering for runtime in list(shutdown.runtimes))
+            waiting = any(runtime.has_lingering() for runtime in list(shutdown.runtimes))
             if not (running or waiting) or time.monotonic() > deadline:
                 return not (running or waiting)
 

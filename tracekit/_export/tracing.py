@@ -163,6 +163,10 @@ class Runtime:
         if self._thread is None:
             self._start_thread()
 
+    def has_lingering(self) -> bool:
+        """Whether a request over is still waiting for stages it spawned (or to be forgotten)."""
+        return bool(self._lingering)
+
     def expire_lingering(self, everything: bool = False) -> None:
         """Hand on the lingering requests past their deadline (``everything``: all of them),
         their open stages ending now; forget those their last stage handed on."""
