@@ -81,7 +81,8 @@ class ReadStats:
         self.skipped += 1
         if len(self.reasons) < MAX_REASONS:
             why = str(exc) if isinstance(exc, BadSpan) else f"{type(exc).__name__}: {exc}"
-            self.reasons.append(one_line(f"{where}: {why}", 200))
+            # The place is never cut (a long path must not push the reason out): the reason is.
+            self.reasons.append(f"{where}: {one_line(why, 200)}")
 
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
