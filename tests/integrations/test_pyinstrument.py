@@ -180,6 +180,14 @@ def _spin_async_helper(ms: float) -> None:
             return
 
 
+def _hottest_python(attrs: Any) -> str:
+    # The hottest line that is a Python function: pyinstrument samples at call events, and the
+    # helper's only ones are its clock reads, so on a busy host the builtin it calls can rank
+    # first with the time the thread was descheduled (seen: perf_counter_ns 26.9 of 38.5 ms).
+    lines = attrs[semconv.PROFILE_HOT].splitlines()
+    return next((line for line in lines if "(<built-in>)" not in line), "")
+
+
 @tracekit.stage("guardrail")
 async def guard() -> None:
     await asyncio.sleep(0.05)  # a wait: not the stage's time, not in the profile
@@ -206,14 +214,14 @@ def test_async_stage_and_block_and_errors(profiling: Any) -> None:
         asyncio.run(main())
         spans = {s.attributes.get(semconv.STAGE): s for s in rec.spans}
     guard_attrs = spans["guardrail"].attributes
-    assert guard_attrs[semconv.PROFILE_HOT].startswith("_spin_async_helper ("), guard_attrs
+    assert _hottest_python(guard_attrs).startswith("_spin_async_helper ("), guard_attrs
     # ~30 ms of code sampled; the 50 ms sleep is not in it
     assert 15 <= guard_attrs[semconv.PROFILE_MS] < 60  # with the sleep it would be >= 80
-    assert spans["serialize"].attributes[semconv.PROFILE_HOT].startswith("_spin_async_helper (")
+    assert _hottest_python(spans["serialize"].attributes).startswith("_spin_async_helper (")
     # the block's tree starts at the function the block runs in
     assert "main (tests/integrations/test_pyinstrument.py:" in spans["serialize"].attributes[
         semconv.PROFILE_TREE].splitlines()[0]  # fmt: skip
-    assert spans["tokenize"].attributes[semconv.PROFILE_HOT].startswith("_spin_async_helper (")
+    assert _hottest_python(spans["tokenize"].attributes).startswith("_spin_async_helper (")
     assert spans["tokenize"].status.status_code.name == "ERROR"
 
 
