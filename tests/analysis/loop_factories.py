@@ -32,6 +32,7 @@ def loop_span(
     gc_ms: float = 0.0,
     gc_counts: tuple[int, int, int] = (0, 0, 0),
     gc_max: tuple[float, int] | None = None,
+    gc_max_cpu: float | None = None,
     lag: tuple[float, float, float] | None = None,
     probes: int = 0,
     inflight: int = 0,
@@ -54,6 +55,8 @@ def loop_span(
     }
     if gc_max is not None:
         attrs[semconv.LOOP_GC_MAX_MS], attrs[semconv.LOOP_GC_MAX_GENERATION] = gc_max
+    if gc_max_cpu is not None:
+        attrs[semconv.LOOP_GC_MAX_CPU_MS] = gc_max_cpu
     if lag is not None:
         attrs[semconv.LOOP_LAG_P50_MS], attrs[semconv.LOOP_LAG_P95_MS], attrs[semconv.LOOP_LAG_MAX_MS] = lag
     if tasks is not None:

@@ -28,14 +28,17 @@ GENERATIONS: Final = 3
 class Pauses:
     """The collections run on one thread (written by that thread only, in the hook)."""
 
-    __slots__ = ("c0", "count", "cpu", "in_slices", "longest", "longest_gen", "t0", "wall")
+    __slots__ = ("c0", "count", "cpu", "in_slices", "longest", "longest_cpu", "longest_gen", "t0", "wall")
 
     def __init__(self) -> None:
         self.t0 = self.c0 = 0  # readings when the collection under way began (0: none)
         self.wall = self.cpu = 0  # totals, ns
         self.in_slices = 0  # CPU of those that ran inside an outermost traced slice, ns
         self.count = [0] * GENERATIONS
-        self.longest = 0  # wall ns of the longest so far
+        # The longest so far: the collection that took the most CPU (a busy host can stretch
+        # a tiny one's wall time by descheduling the thread), its wall ns and generation.
+        self.longest_cpu = 0
+        self.longest = 0
         self.longest_gen = 0
 
 
@@ -69,7 +72,8 @@ def _hook(phase: str, info: dict[str, Any]) -> None:
         pauses.count[generation] += 1
         pauses.wall += held
         pauses.cpu += spent
-        if held > pauses.longest:
+        if spent > pauses.longest_cpu or (spent == pauses.longest_cpu and held > pauses.longest):
+            pauses.longest_cpu = spent
             pauses.longest = held
             pauses.longest_gen = generation
         if state.slice_start:

@@ -170,16 +170,18 @@ class LoopView:
         self._at, self._cpu, self._busy_cpu, self._tracekit, self._gc = end, cpu, busy_cpu, tracekit, gc_now
         pauses = state.gc
         longest = pauses.longest if pauses is not None else 0
+        longest_cpu = pauses.longest_cpu if pauses is not None else 0
         longest_gen = pauses.longest_gen if pauses is not None else 0
         if pauses is not None:
             # Read and reset here, per window (a pause ending between the two is lost: the
             # loop thread writes it, this is the one other write, on a rarely used field).
-            pauses.longest = 0
+            pauses.longest = pauses.longest_cpu = 0
         return {
             "start": start, "end": end, "thread_cpu": thread_cpu, "requests": requests,
             "gc": gc_cpu, "gc_wall": gc_wall, "tracekit": own,
             "background": max(0, thread_cpu - requests - gc_cpu - own),
-            "gc_counts": gc[3:], "gc_longest": longest, "gc_longest_gen": longest_gen,
+            "gc_counts": gc[3:], "gc_longest": longest,
+            "gc_longest_cpu": longest_cpu, "gc_longest_gen": longest_gen,
             "lags": lags, "inflight": self.inflight, "tasks": tasks,
             "thread": self.thread_name,
         }  # fmt: skip

@@ -54,6 +54,7 @@ def window_attributes(window: dict[str, Any]) -> dict[str, Any]:
     }
     if sum(counts):
         attrs[semconv.LOOP_GC_MAX_MS] = window["gc_longest"] / MS
+        attrs[semconv.LOOP_GC_MAX_CPU_MS] = window["gc_longest_cpu"] / MS
         attrs[semconv.LOOP_GC_MAX_GENERATION] = window["gc_longest_gen"]
     if lags:
         attrs[semconv.LOOP_LAG_P50_MS] = percentile(lags, 0.5) / MS

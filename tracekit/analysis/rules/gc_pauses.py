@@ -1,10 +1,14 @@
 """``gc-pauses``: garbage collections on the event-loop thread long enough to matter.
 
 Reads the service's ``tracekit.loop`` windows over the sample's period (collections per
-generation, their wall time, the longest pause and its generation) and the requests' own
-``tracekit.gc_ms`` (the pauses inside their steps, which the recorder never counts as a
-stage's CPU). Fires when the longest pause is at least ``min_pause_ms`` or the pauses take at
-least ``min_share`` of the loop's time, and at least ``min_requests`` requests were hit.
+generation, their CPU and wall time, the longest pause and its generation) and the requests'
+own ``tracekit.gc_ms`` (the pauses inside their steps, which the recorder never counts as a
+stage's CPU). Fires when the longest pause took at least ``min_pause_ms`` of CPU or the
+collections' CPU is at least ``min_share`` of the loop's time, and at least ``min_requests``
+requests were hit. The collector is judged by its CPU, not its wall time: on a busy host the
+thread can be descheduled in the middle of a tiny collection, and that stall is the host's
+(the evidence says how much of the pauses' wall time it was). Traces recorded without the
+CPU figures are judged by wall time.
 
 A pause holds the loop, so stages' slices and other requests' loop waits contain it; the
 stage rules leave it out (``Usage.off_cpu_ms`` and ``Usage.slice_ms`` subtract a stage's
@@ -29,6 +33,7 @@ from tracekit.analysis.rules.common import by_route, ms, p50_latency
 from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
 from tracekit.analysis.rules.loop_index import gc_ms
 from tracekit.analysis.rules.loop_load import LoopLoad, loop_loads, queueing_projection
+from tracekit.analysis.stats.loop_windows import LoopWindow
 
 #: The longest pause (ms) that matters on its own: it stalls every request on the loop that
 #: long, twice cpu-on-loop's slice gate (5 ms) because collections are rarer than steps.
@@ -65,11 +70,14 @@ class GcPauses:
 
     def _finding(self, load: LoopLoad, requests: Sequence[RequestRecord], ctx: RuleContext) -> Finding | None:
         counts = [sum(w.gc_counts[g] for w in load.windows) for g in range(3)]
-        longest = max(load.windows, key=lambda w: (w.gc_max_ms or 0.0, w.gc_max_generation or 0))
+        longest = max(load.windows, key=lambda w: (_pause_cpu_ms(w), w.gc_max_generation or 0))
         longest_ms = longest.gc_max_ms or 0.0
+        longest_cpu_ms = _pause_cpu_ms(longest)
         generation = longest.gc_max_generation if longest.gc_max_generation is not None else 0
-        share = load.gc_ms / load.wall_ms if load.wall_ms > 0 else 0.0
-        if not sum(counts) or (longest_ms < self.min_pause_ms and share < self.min_share):
+        timed_cpu = any(w.gc_max_cpu_ms is not None for w in load.windows)
+        gc_cpu_ms = load.gc_cpu_ms if timed_cpu else load.gc_ms
+        share = gc_cpu_ms / load.wall_ms if load.wall_ms > 0 else 0.0
+        if not sum(counts) or (longest_cpu_ms < self.min_pause_ms and share < self.min_share):
             return None
         hit: dict[str, list[float]] = {}
         for r in load.requests:
@@ -84,19 +92,26 @@ class GcPauses:
         reqs = by_route(requests, RuleContext()).get(route, [])
         pauses = hit[route]
         per_request = sum(pauses) / max(1, len(reqs))
+        host = ""
+        if timed_cpu and load.gc_ms > 2 * gc_cpu_ms:
+            host = (f"; {ms(load.gc_ms - gc_cpu_ms)} more of wall time passed during them, the "
+                    "thread descheduled by a busy host (not the collector's doing)")  # fmt: skip
+        spent = f"spent {ms(gc_cpu_ms)} of CPU in" if timed_cpu else f"paused for {ms(gc_cpu_ms)} of"
         evidence = (
-            f"the event loop of {load.service} paused for garbage collection {ms(load.gc_ms)} in "
+            f"the event loop of {load.service} {spent} garbage collection in "
             f"{load.wall_ms / 1e3:.0f} s of windows ({share:.1%} of its time; "
             f"{sum(counts):,} collections: {counts[0]:,} generation 0, {counts[1]:,} generation 1, "
-            f"{counts[2]:,} generation 2); the longest pause {ms(longest_ms)} (generation "
-            f"{generation}); {len(pauses)} of {len(reqs)} {route} requests were hit (their pauses "
+            f"{counts[2]:,} generation 2{host}); the longest pause {ms(longest_ms)}"
+            + (f" ({ms(longest_cpu_ms)} of CPU)" if timed_cpu else "")
+            + f" (generation {generation}); {len(pauses)} of {len(reqs)} {route} requests were "
+            f"hit (their pauses "
             f"p50 {ms(percentile(pauses, 0.5))}, p95 {ms(percentile(pauses, 0.95))}, max "
             f"{ms(max(pauses))}; {ms(per_request)} per request)"
         )
         if generation >= _FULL or counts[_FULL]:
-            fix = loop_fixes.freeze_after_startup(longest_ms, generation)
+            fix = loop_fixes.freeze_after_startup(longest_cpu_ms, generation)
         else:
-            fix = loop_fixes.fewer_collections(longest_ms, generation, counts[0] + counts[1])
+            fix = loop_fixes.fewer_collections(longest_cpu_ms, generation, counts[0] + counts[1])
         projection = queueing_projection(requests, route, 1.0, minus_ms=semconv.GC_MS)
         impact = per_request
         if projection is not None:
@@ -110,3 +125,10 @@ class GcPauses:
             projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip
+
+
+def _pause_cpu_ms(window: LoopWindow) -> float:
+    # The longest collection's CPU in ``window`` (its wall time in traces without it).
+    if window.gc_max_cpu_ms is not None:
+        return window.gc_max_cpu_ms
+    return window.gc_max_ms or 0.0

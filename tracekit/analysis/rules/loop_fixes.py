@@ -40,7 +40,7 @@ async def lifespan(app):
     ...  # load models, tokenizers, clients, routes: what lives as long as the process
     gc.collect()  # collect start-up garbage once, then
     gc.freeze()   # move every object alive now to a permanent generation: a full collection
-                  # (the longest pause here: {longest_ms:.0f} ms, generation {generation}) no longer walks it
+                  # (the longest here: {longest_ms:.0f} ms of CPU, generation {generation}) no longer walks it
     yield
 
 app = FastAPI(lifespan=lifespan)
@@ -56,8 +56,8 @@ def fewer_collections(longest_ms: float, generation: int, young: int) -> tuple[s
     )
     code = f"""import gc
 
-# {young} young (generation 0 and 1) collections ran on the loop thread; the longest pause
-# was {longest_ms:.1f} ms (generation {generation}). A 10x higher generation-0 threshold makes
+# {young} young (generation 0 and 1) collections ran on the loop thread; the longest took
+# {longest_ms:.1f} ms of CPU (generation {generation}). A 10x higher generation-0 threshold makes
 # them 10x rarer (each a little longer); gc.freeze() after start-up shortens all of them.
 gen0, gen1, gen2 = gc.get_threshold()
 gc.set_threshold(gen0 * 10, gen1, gen2)

@@ -85,6 +85,9 @@ class LoopWindow(Struct, array_like=True):
     #: A pyinstrument profile of the window (tracekit.integrations.pyinstrument), taken
     #: after a saturated or blocked one: ``(sampled ms, hot, tree, reason)``.
     profile: tuple[float, str, str, str] | None = None
+    #: The CPU of the longest collection (``gc_max_ms`` is its wall time; None in traces
+    #: recorded before tracekit wrote it).
+    gc_max_cpu_ms: float | None = None
 
     @property
     def wall_ms(self) -> float:
@@ -134,6 +137,7 @@ def window_of(span: Span) -> LoopWindow | None:
         _count(a.get(semconv.LOOP_INFLIGHT)),
         _count(a.get(semconv.LOOP_TASKS)),
         _profile(a),
+        ms_value(a.get(semconv.LOOP_GC_MAX_CPU_MS)),
     )  # fmt: skip
 
 
