@@ -7,8 +7,9 @@ stage's CPU). Fires when the longest pause took at least ``min_pause_ms`` of CPU
 collections' CPU is at least ``min_share`` of the loop's time, and at least ``min_requests``
 requests were hit. The collector is judged by its CPU, not its wall time: on a busy host the
 thread can be descheduled in the middle of a tiny collection, and that stall is the host's
-(the evidence says how much of the pauses' wall time it was). Traces recorded without the
-CPU figures are judged by wall time.
+(the evidence says how much of the pauses' wall time it was). In traces recorded before the
+longest pause's CPU was written, its wall time is scaled by its window's collections' CPU over
+their wall time; without any CPU figure, wall time is used.
 
 A pause holds the loop, so stages' slices and other requests' loop waits contain it; the
 stage rules leave it out (``Usage.off_cpu_ms`` and ``Usage.slice_ms`` subtract a stage's
@@ -74,7 +75,7 @@ class GcPauses:
         longest_ms = longest.gc_max_ms or 0.0
         longest_cpu_ms = _pause_cpu_ms(longest)
         generation = longest.gc_max_generation if longest.gc_max_generation is not None else 0
-        timed_cpu = any(w.gc_max_cpu_ms is not None for w in load.windows)
+        timed_cpu = load.gc_cpu_ms > 0
         gc_cpu_ms = load.gc_cpu_ms if timed_cpu else load.gc_ms
         share = gc_cpu_ms / load.wall_ms if load.wall_ms > 0 else 0.0
         if not sum(counts) or (longest_cpu_ms < self.min_pause_ms and share < self.min_share):
@@ -128,7 +129,12 @@ class GcPauses:
 
 
 def _pause_cpu_ms(window: LoopWindow) -> float:
-    # The longest collection's CPU in ``window`` (its wall time in traces without it).
+    # The longest collection's CPU in ``window``. Traces recorded before tracekit wrote it:
+    # its wall time scaled by the window's collections' CPU over their wall time, else its
+    # wall time.
     if window.gc_max_cpu_ms is not None:
         return window.gc_max_cpu_ms
-    return window.gc_max_ms or 0.0
+    wall = window.gc_max_ms or 0.0
+    if window.gc_cpu_ms > 0 and window.gc_ms > 0:
+        return wall * min(1.0, window.gc_cpu_ms / window.gc_ms)
+    return wall
