@@ -479,6 +479,8 @@ class _Renderer:
         self._add()
         self._add(f"  {tone}{p.bold}{label}{p.reset} {p.bold}{rule}{p.reset}")
         self._wrap(" ".join(where), 4)
+        if f.get("severity_reason"):
+            self._wrap(f"{label}: {f['severity_reason']}", 4, tone, hang=2)
         self._wrap(str(f.get("evidence") or ""), 4)
         if _is_number(f.get("impact_ms")):
             self._add(f"    impact: {fmt_ms(f['impact_ms'])} ms per request")
@@ -498,10 +500,17 @@ class _Renderer:
                 self._wrap(f"no projection: {note}", 4, self.p.dim, hang=2)
             return
         parts = []
+        spread = proj.get("range")
+        spread = spread if isinstance(spread, Mapping) else {}
         for key, label, unit in _PROJECTED:
             pair = proj.get(key)
             if isinstance(pair, (list, tuple)) and len(pair) == 2:
-                parts.append(f"{label} {fmt_ms(pair[0])} {g.arrow} {fmt_ms(pair[1])}{unit}")
+                part = f"{label} {fmt_ms(pair[0])} {g.arrow} {fmt_ms(pair[1])}"
+                bounds = spread.get(key)
+                if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+                    low, high = sorted(bounds) if all(map(_is_number, bounds)) else bounds
+                    part += f" ({fmt_ms(low)} to {fmt_ms(high)})"
+                parts.append(part + unit)
         self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4, self.p.green, hang=2)
 
 
