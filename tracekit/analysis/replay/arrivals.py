@@ -22,6 +22,21 @@ actually preceded in the queue. Two estimates of the real ready time:
   ready at an unknown time within that run: assume the middle (the core's loop-wait
   estimator makes the same assumption, DESIGN §1).
 
+Which of the two: **the requests in flight** tell a closed loop apart. A closed loop of ``N``
+independent clients holds about ``N`` requests in flight throughout (each client has one, or
+is about to send it): a binomial count, whose dispersion (variance / mean, time-weighted
+over the loop's active window) is ``1 - p`` for clients in flight a share ``p`` of the time;
+open Poisson arrivals give a dispersion of 1, more when requests queue. At or under
+:data:`CLOSED_DISPERSION` the trace is read as a closed loop (its ``N`` the most in flight)
+whatever the idle gaps say: a closed loop whose clients are slow to send again (a load
+generator sharing the host: 2 ms and more between a response and the next request) chains
+poorly by idle time, and was read as open arrivals before the count was used. Above it the
+chains decide (closed when at least ``min_fraction`` of the requests chain): clients that
+fall into lock-step batches (all sending at once, then served one after another) let the
+count swing from ``N`` to 0 although they are a closed loop. Open arrivals at a fixed rate
+with a near-constant latency (not Poisson) also hold a near-constant count: they would read
+as closed.
+
 Replayed latency is measured like the recorded one: from the request's first step on the
 loop to its end.
 """
@@ -40,6 +55,55 @@ _MS = 1e6
 # Recorded busy slices closer than this form one busy run: the loop dispatching the next
 # callback, or polling with nothing ready, takes less than a millisecond.
 GAP_NS = 1_000_000
+#: In-flight dispersion (variance / mean) at or under which the requests are a closed loop
+#: (module docstring): clients in flight at least half the time.
+CLOSED_DISPERSION = 0.5
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """The requests in flight over one loop's active window (first start to last end),
+    weighted by time.
+
+    Attributes:
+        mean / variance: of the count. most: the largest count.
+    """
+
+    mean: float
+    variance: float
+    most: int
+
+    @property
+    def dispersion(self) -> float:
+        """Variance over mean (0 for a constant count; 1 for Poisson arrivals)."""
+        return self.variance / self.mean if self.mean > 0 else 0.0
+
+    @property
+    def closed(self) -> bool:
+        """Whether the count says a closed loop (module docstring)."""
+        return self.most >= 1 and self.dispersion <= CLOSED_DISPERSION
+
+    def to_dict(self) -> dict[str, float]:
+        """The model statement's ``in_flight`` object."""
+        return {"mean": round(self.mean, 2), "max": self.most, "dispersion": round(self.dispersion, 2)}
+
+
+def in_flight(group: list[RequestRecord]) -> InFlight:
+    """The in-flight count of ``group`` (:class:`InFlight`). Cost: O(n log n)."""
+    events = sorted([(r.start_ns, 1) for r in group] + [(r.end_ns, -1) for r in group])
+    if not events or events[-1][0] <= events[0][0]:
+        return InFlight(float(len(group)), 0.0, len(group))
+    total = float(events[-1][0] - events[0][0])
+    count, last, most = 0, events[0][0], 0
+    first = second = 0.0  # time-weighted sums of the count and its square
+    for t, step in events:
+        first += count * (t - last)
+        second += count * count * (t - last)
+        count += step
+        last = t
+        most = max(most, count)
+    mean = first / total
+    return InFlight(mean, max(0.0, second / total - mean * mean), most)
 
 
 class BusyIndex:
@@ -98,10 +162,15 @@ class Arrivals:
     Attributes:
         ready: index -> ready time, for requests that are not chained.
         chains: predecessor index -> (successor index, idle ms before the successor is ready).
+        in_flight: the recorded requests in flight (``None`` for a single request).
+        read_by: what decided the arrivals: ``"in flight"`` (the count), ``"chains"`` (the
+            share of requests that chain), or ``"option"`` (``arrivals`` was not ``auto``).
     """
 
     ready: dict[int, float]
     chains: dict[int, tuple[int, float]]
+    in_flight: InFlight | None = None
+    read_by: str = "option"
 
 
 def arrivals(
@@ -126,8 +195,16 @@ def arrivals(
     """
     busy = BusyIndex(group)
     chains: dict[int, tuple[int, float]] = {}
+    flight = in_flight(group) if len(group) > 1 else None
+    read_by = "option"
+    if mode == "auto" and flight is not None:
+        read_by = "in flight" if flight.closed else "chains"
+        mode = "closed" if flight.closed else mode
     if mode != "open" and len(group) > 1:
-        chains = _chains(group, busy, int(gap_ms * _MS))
+        # Read as a closed loop by the count: every start follows an earlier end, however
+        # idle the loop was in between (slow clients); else only across short idle gaps.
+        closed = read_by == "in flight"
+        chains = _chains(group, busy, None if closed else int(gap_ms * _MS))
         if mode == "auto" and len(chains) < min_fraction * (len(group) - 1):
             chains = {}
         if chains:
@@ -140,12 +217,13 @@ def arrivals(
         if i not in chained:
             waited = busy.run_before(req.start_ns) // 2
             ready[i] = (req.start_ns - waited - t0_ns) / _MS
-    return Arrivals(ready, chains)
+    return Arrivals(ready, chains, flight, read_by)
 
 
 def _chains(
-    group: list[RequestRecord], busy: BusyIndex, gap_ns: int
+    group: list[RequestRecord], busy: BusyIndex, gap_ns: int | None
 ) -> dict[int, tuple[int, float]]:
+    # gap_ns None: no limit on the idle time between an end and the start it is chained to.
     ends = sorted(range(len(group)), key=lambda i: group[i].end_ns)
     out: dict[int, tuple[int, float]] = {}
     candidates: deque[int] = deque()
@@ -157,7 +235,7 @@ def _chains(
             pointer += 1
         # Too much idle loop time since it ended: it cannot have been waiting (and will be
         # idler still for every later start).
-        while candidates and _idle(busy, group[candidates[0]].end_ns, start) > gap_ns:
+        while gap_ns is not None and candidates and _idle(busy, group[candidates[0]].end_ns, start) > gap_ns:
             candidates.popleft()
         if candidates:
             pred = candidates.popleft()
