@@ -145,6 +145,22 @@ def test_the_severity_reason_and_the_range_wrap_whole() -> None:
     assert "HIGH:" not in render_text(d, width=80, color=False)
 
 
+def test_the_replay_states_its_model() -> None:
+    d = report_dict()
+    d["validation"]["model"] = {
+        "method": "replay", "arrivals": "closed", "clients": 3, "arrivals_read_by": "in flight",
+        "in_flight": {"mean": 2.38, "max": 3, "dispersion": 0.16}, "cores": 2,
+        "cores_source": "trace", "thread_pool_size": 6,
+    }  # fmt: skip
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert ("assumed: a closed loop of 3 clients (read from the requests in flight: mean 2.38, at "
+            "most 3), 2 cores (from the trace), thread pool 6") in said  # fmt: skip
+    d["validation"]["model"] = {"arrivals": "open", "rate_rps": 30.2, "cores": 8,
+                                "cores_source": "this machine"}  # fmt: skip
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert "assumed: open arrivals at 30.2 req/s, 8 cores (this machine's: the trace does not say)" in said
+
+
 def test_a_missing_projection_says_why() -> None:
     d = report_dict()
     d["findings"][0].update(projection=None, projection_note="the replay could not reproduce it")

@@ -16,7 +16,10 @@ actually preceded in the queue. Two estimates of the real ready time:
   Predecessors are matched first-ended first (the ready queue is FIFO). Once the trace is
   judged closed-loop, every completion starts one request: requests left unmatched (their
   gap looked idler than it was) are paired first-ended to first-started, with the typical
-  think time.
+  think time. Read as closed by the requests in flight (below), every start is chained,
+  however idle the loop was in between, with the same capped think time (tried on the
+  validation's recordings: each chain's own idle time, or its gap less the successor's
+  estimated wait for the loop, replayed 6 clients 6-9% faster than measured; the cap 0%).
 - **Open arrivals**: if the loop was busy right up to the recorded start (a busy run of
   recorded slices, joined across gaps under 1 ms, ending at the start), the request became
   ready at an unknown time within that run: assume the middle (the core's loop-wait
@@ -235,7 +238,9 @@ def _chains(
             pointer += 1
         # Too much idle loop time since it ended: it cannot have been waiting (and will be
         # idler still for every later start).
-        while gap_ns is not None and candidates and _idle(busy, group[candidates[0]].end_ns, start) > gap_ns:
+        while (
+            gap_ns is not None and candidates and _idle(busy, group[candidates[0]].end_ns, start) > gap_ns
+        ):
             candidates.popleft()
         if candidates:
             pred = candidates.popleft()
