@@ -16,29 +16,32 @@ actually preceded in the queue. Two estimates of the real ready time:
   Predecessors are matched first-ended first (the ready queue is FIFO). Once the trace is
   judged closed-loop, every completion starts one request: requests left unmatched (their
   gap looked idler than it was) are paired first-ended to first-started, with the typical
-  think time. Read as closed by the requests in flight (below), every start is chained,
-  however idle the loop was in between, with the same capped think time (tried on the
-  validation's recordings: each chain's own idle time, or its gap less the successor's
-  estimated wait for the loop, replayed 6 clients 6-9% faster than measured; the cap 0%).
+  think time.
+- **Slow closed-loop clients**: when too few requests chain but the requests in flight say a
+  closed loop (below), every start is chained first-ended first, however idle the loop was
+  in between, each with its own think time: the gap less the successor's estimated wait for
+  the loop (half the busy run before its start, as for open arrivals), at least the loop's
+  idle time in the gap. Slow clients' think times vary, and the variation is what makes two
+  clients' requests collide on the loop: capped at the 10th percentile as above, a 2-client
+  loop replayed 16-20% faster than measured.
 - **Open arrivals**: if the loop was busy right up to the recorded start (a busy run of
   recorded slices, joined across gaps under 1 ms, ending at the start), the request became
   ready at an unknown time within that run: assume the middle (the core's loop-wait
   estimator makes the same assumption, DESIGN §1).
 
-Which of the two: **the requests in flight** tell a closed loop apart. A closed loop of ``N``
-independent clients holds about ``N`` requests in flight throughout (each client has one, or
-is about to send it): a binomial count, whose dispersion (variance / mean, time-weighted
-over the loop's active window) is ``1 - p`` for clients in flight a share ``p`` of the time;
-open Poisson arrivals give a dispersion of 1, more when requests queue. At or under
-:data:`CLOSED_DISPERSION` the trace is read as a closed loop (its ``N`` the most in flight)
-whatever the idle gaps say: a closed loop whose clients are slow to send again (a load
-generator sharing the host: 2 ms and more between a response and the next request) chains
-poorly by idle time, and was read as open arrivals before the count was used. Above it the
-chains decide (closed when at least ``min_fraction`` of the requests chain): clients that
-fall into lock-step batches (all sending at once, then served one after another) let the
-count swing from ``N`` to 0 although they are a closed loop. Open arrivals at a fixed rate
-with a near-constant latency (not Poisson) also hold a near-constant count: they would read
-as closed.
+Which: **the chains first, then the requests in flight**. A closed loop of ``N`` independent
+clients holds about ``N`` requests in flight throughout (each client has one, or is about to
+send it): a binomial count, whose dispersion (variance / mean, time-weighted over the loop's
+active window) is ``1 - p`` for clients in flight a share ``p`` of the time; open Poisson
+arrivals give a dispersion of 1, more when requests queue. When fewer than ``min_fraction``
+of the requests chain, a dispersion at or under :data:`CLOSED_DISPERSION` still reads the
+trace as a closed loop (its ``N`` the most in flight): clients slow to send again (a load
+generator sharing the host: 2 ms and more between a response and the next request) chain
+poorly by idle time, and were read as open arrivals before the count was used. The count
+does not overrule chains: clients that fall into lock-step batches (all sending at once, then
+served one after another) swing it from ``N`` to 0 although they are a closed loop. Open
+arrivals at a fixed rate with a near-constant latency (not Poisson) also hold a
+near-constant count: they would read as closed.
 
 Replayed latency is measured like the recorded one: from the request's first step on the
 loop to its end.
@@ -199,18 +202,18 @@ def arrivals(
     busy = BusyIndex(group)
     chains: dict[int, tuple[int, float]] = {}
     flight = in_flight(group) if len(group) > 1 else None
-    read_by = "option"
-    if mode == "auto" and flight is not None:
-        read_by = "in flight" if flight.closed else "chains"
-        mode = "closed" if flight.closed else mode
+    read_by = "option" if mode != "auto" else "chains"
     if mode != "open" and len(group) > 1:
-        # Read as a closed loop by the count: every start follows an earlier end, however
-        # idle the loop was in between (slow clients); else only across short idle gaps.
-        closed = read_by == "in flight"
-        chains = _chains(group, busy, None if closed else int(gap_ms * _MS))
+        chains = _chains(group, busy, int(gap_ms * _MS))
         if mode == "auto" and len(chains) < min_fraction * (len(group) - 1):
             chains = {}
-        if chains:
+            if flight is not None and flight.closed:
+                # A closed loop by the count, whose clients are too slow to chain by idle
+                # time: every start follows an earlier end, each with its own think time.
+                read_by = "in flight"
+                slow = _chains(group, busy, None)
+                chains = {p: (s, _think(group[p], group[s], busy, idle)) for p, (s, idle) in slow.items()}
+        if chains and read_by != "in flight":
             think = percentile([idle for _, idle in chains.values()], 0.1)
             chains = {p: (s, min(idle, think)) for p, (s, idle) in chains.items()}
             chains.update(_pair_leftovers(group, chains, think))
@@ -246,6 +249,15 @@ def _chains(
             pred = candidates.popleft()
             out[pred] = (i, _idle(busy, group[pred].end_ns, start) / _MS)
     return out
+
+
+def _think(pred: RequestRecord, succ: RequestRecord, busy: BusyIndex, idle_ms: float) -> float:
+    # A slow client's own think time: the gap less the successor's estimated wait for the
+    # loop (half the busy run before its start, as for open arrivals), within [the loop's
+    # idle time in the gap (the successor was not ready while the loop idled), the gap].
+    gap = (succ.start_ns - pred.end_ns) / _MS
+    waited = busy.run_before(succ.start_ns) / 2 / _MS
+    return min(gap, max(idle_ms, gap - waited))
 
 
 def _pair_leftovers(
