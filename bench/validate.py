@@ -363,8 +363,9 @@ def evaluate(case_name: str, load: tuple[str, float], requests: int, folder: Pat
         return row
     selector = f"{finding['rule']}:{finding['stage']}" if finding.get("stage") else finding["rule"]
     projected = finding.get("projection") is not None
+    # Named even without a projection: compare then measures that change alone.
     comparison = _cli("compare", before["traces"], after["traces"], "--route", ROUTE,
-                      *(["--finding", selector] if projected else []))  # fmt: skip
+                      "--finding", selector)  # fmt: skip
     route = comparison["routes"][0] if comparison["routes"] else None
     if route is None:
         row["note"] = "compare: no common route"

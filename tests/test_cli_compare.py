@@ -61,7 +61,7 @@ def test_every_bad_input_is_one_line_and_exit_2(runs: tuple[str, str], tmp_path:
         "a report, not traces": ([str(report), after], "is a tracekit report, not traces"),
         "no such route": ([before, after, "--route", "/nope"], "no request has route"),
         "bad finding": ([before, after, "--finding", "BAD RULE"], "RULE or RULE:STAGE"),
-        "unmatched finding": ([before, after, "--finding", "fp32-weights"], "its projected findings:"),
+        "unmatched finding": ([before, after, "--finding", "fp32-weights"], "its findings: cpu-on-loop"),
         "confidence": ([before, after, "--confidence", "2"], "confidence must be between"),
         "cores": ([before, after, "--cores", "0"], "--cores"),
         "missing AFTER": ([before], "the following arguments are required: AFTER"),

@@ -11,7 +11,7 @@ import pytest
 
 import tracekit
 from tests.analysis import factories
-from tests.helpers import gen_traces
+from tests.helpers import HOTROD, gen_traces, needs_real
 from tracekit import semconv
 from tracekit.analysis.compare import Comparison, compare
 from tracekit.analysis.model import Span
@@ -88,7 +88,7 @@ def test_bad_inputs_are_one_clear_error(tmp_path: Path) -> None:
         ((a, str(tmp_path / "missing.jsonl")), {}, SourceNotFoundError, "after: "),
         ((a, a), {"finding": "Not A Rule"}, ConfigurationError, "finding must be RULE or RULE:STAGE"),
         ((a, a), {"finding": "cpu-on-loop"}, ConfigurationError,
-         "no projected finding of before matches 'cpu-on-loop'; its projected findings: none"),
+         "no finding of before matches 'cpu-on-loop' on a route both runs have; its findings: none"),
         ((a, a), {"confidence": 1.5}, ConfigurationError, "confidence must be between"),
         ((a, a), {"draws": 10}, ConfigurationError, "draws must be an integer >= 200"),
     ]  # fmt: skip
@@ -155,9 +155,43 @@ def test_instrumented_runs_compare_breakdown_streams_and_projections(runs: tuple
     assert check.verdict in ("held", "missed", "wrong direction")
     text = result.to_text(width=100, color=False)
     assert "cpu-on-loop · tokenize · selected" in text or "cpu-on-loop - tokenize - selected" in text
-    # Another finding's projection is listed, not judged against a change it did not make.
+    # Another finding's projection is listed, not judged against a change it did not make:
+    # the mechanism says so, so the JSON and the text agree.
     assert [c.label for c in route.projections if not c.selected] == ["sequential-independent:guardrail"]
+    other_check = next(c for c in route.projections if not c.selected)
+    assert other_check.verdict == "not the change made"
+    data = result.to_dict()["routes"][0]["projections"]
+    [other_json] = [p for p in data if not p["selected"]]
+    assert other_json["verdict"] == "not the change made"
+    assert {m["verdict"] for m in other_json["metrics"]} == {"not the change made"}
+    # The change made's stage, measured: 6 ms of tokenize CPU per 800 tokens, then 1 ms.
+    stage = check.stage_ms
+    assert stage is not None and stage.before is not None and stage.after is not None
+    assert stage.high is not None and stage.high < 0 and stage.after < stage.before
     other = next(line for line in text.splitlines() if "sequential-independent" in line)
     assert "not the change made" in other and not any(v in other for v in ("held", "missed", "wrong"))
     judged = [line for line in text.splitlines() if line.rstrip().endswith((": held", "(short)", "(beyond)"))]
     assert len(judged) == 3  # p50, p95 and rps of the change made only
+
+
+@needs_real
+def test_a_finding_without_a_projection_is_measured_only() -> None:
+    # Real HotROD traces (plain OpenTelemetry spans): the sequential-independent finding has no
+    # projection (uninstrumented), and naming it gives the measured change of its route and
+    # stage, with the reason, instead of an error (a run compared with itself: no change).
+    result = compare(str(HOTROD), str(HOTROD), finding="sequential-independent:GetDriver")
+    [route] = [r for r in result.routes if any(c.selected for c in r.projections)]
+    assert route.route == "driver.DriverService/FindNearest"
+    [check] = [c for c in route.projections if c.selected]
+    assert (check.verdict, check.metrics, check.model) == ("no projection", [], None)
+    assert check.note is not None and check.note.startswith("uninstrumented")
+    stage = check.stage_ms
+    assert stage is not None and stage.before == stage.after and stage.before is not None
+    assert stage.before > 0
+    assert route.latency["p50"].before == route.latency["p50"].after
+    text = result.to_text(width=80, color=False)
+    assert "sequential-independent · GetDriver · selected · no projection" in text
+    assert "no projection: uninstrumented" in text
+    # A finding before does not have at all is still an error naming those it has.
+    with pytest.raises(ConfigurationError, match=r"its findings: .*sequential-independent:GetDriver"):
+        compare(str(HOTROD), str(HOTROD), finding="cpu-on-loop")

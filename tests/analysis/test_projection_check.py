@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracekit.analysis.projection_check import check_finding, check_metric
+from tracekit.analysis.projection_check import check_finding, check_metric, unprojected
 from tracekit.analysis.stats.confidence import Change
 
 
@@ -82,15 +82,44 @@ def test_a_finding_is_checked_on_each_metric_with_its_range_and_model() -> None:
         "p95_ms": measured(200, 196, (-0.06, 0.02)),  # missed: the point -25%, no usable range
         "throughput_rps": measured(40, 40.4, (-0.05, 0.07)),  # held: 0 is inside
     }
-    check = check_finding(finding, changes, still_found=True)
+    check = check_finding(finding, changes, still_found=True, selected=True)
     assert check.label == "cpu-on-loop:tokenize"
     assert [m.verdict for m in check.metrics] == ["held", "missed", "held"]
     assert check.metrics[1].range is None  # a malformed range is ignored, the point used
     assert check.verdict == "missed"
     d = check.to_dict()
     assert d["model"] == {"arrivals": "open"} and d["still_found"] is True
-    assert d["selected"] is False and d["verdict"] == "missed"
+    assert d["selected"] is True and d["verdict"] == "missed" and d["projection_note"] is None
     changes["p95_ms"] = measured(200, 260, (0.2, 0.4))
-    assert check_finding(finding, changes, still_found=False).verdict == "wrong direction"
-    none = check_finding({"rule": "gc-pauses", "projection": {}}, changes, still_found=False)
+    assert check_finding(finding, changes, still_found=False, selected=True).verdict == "wrong direction"
+    none = check_finding({"rule": "gc-pauses", "projection": {}}, changes, still_found=False, selected=True)
     assert (none.metrics, none.verdict, none.label) == ([], "unmeasured", "gc-pauses")
+
+
+def test_a_fix_that_was_not_made_is_not_judged() -> None:
+    # The same projection and measurement as a "held": not the change made, nothing is
+    # judged, in the check and in each metric (the JSON and the text say the same).
+    finding = {"rule": "sequential-independent", "stage": "guardrail", "severity": "low",
+               "projection": {"p50_ms": [100.0, 90.0], "p95_ms": [200.0, 180.0]}}  # fmt: skip
+    changes = {"p50_ms": measured(100, 91, (-0.15, -0.03)), "p95_ms": measured(200, 182, (-0.2, 0.0))}
+    assert check_finding(finding, changes, still_found=True, selected=True).verdict == "held"
+    other = check_finding(finding, changes, still_found=True, selected=False)
+    assert other.verdict == "not the change made"
+    assert [m.verdict for m in other.metrics] == ["not the change made"] * 2
+    assert all(m.missed_by is None and m.short is None for m in other.metrics)
+    d = other.to_dict()
+    assert d["verdict"] == "not the change made" and d["selected"] is False
+    assert [m["verdict"] for m in d["metrics"]] == ["not the change made"] * 2
+    # Its figures are kept: the projected change and the measured one.
+    assert d["metrics"][0]["projected_change_pct"] == [pytest.approx(-10.0)] * 2
+    assert d["metrics"][0]["measured_change_pct"] == pytest.approx(-9.0)
+
+
+def test_the_change_made_without_a_projection_says_why() -> None:
+    finding = {"rule": "stream-stall", "stage": "model", "severity": "medium", "projection": None,
+               "projection_note": "the model server's scheduling is outside the replay model"}  # fmt: skip
+    check = unprojected(finding, still_found=False)
+    assert (check.selected, check.verdict, check.metrics) == (True, "no projection", [])
+    d = check.to_dict()
+    assert d["verdict"] == "no projection" and d["metrics"] == []
+    assert d["projection_note"] == "the model server's scheduling is outside the replay model"

@@ -8,10 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from tests.analysis.factories import BASE_NS, Job, Op, request, simulate_gateway, stage
+from tests.analysis.factories import BASE_NS, Job, Op, ns, request, simulate_gateway, stage
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer, Validation, project, validate, window
 from tracekit.analysis.replay.arrivals import arrivals
 from tracekit.analysis.replay.build import ProgramBuilder
+from tracekit.analysis.replay.loop_waits import recorded_loop_waits
 from tracekit.analysis.replay.nodes import hold_after_queue
 from tracekit.analysis.replay.sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.errors import ConfigurationError
@@ -444,7 +445,7 @@ def test_every_recorded_loop_wait_ends_in_a_step_of_its_stage() -> None:
     # A model call read in three steps under 1 ms (not recorded as slices), each of which
     # waited for the loop (recorded): each must be a step of the replay, where the replay
     # makes its own wait; the recorded waits are not delays.
-    model = stage("model", 10, 160, kind="model", cpu_ms=0.9, wait_ms=110,
+    model = stage("model", 10, 160, kind="model", cpu_ms=0.9, wait_ms=110, loop_wait_ms=40,
                   waits=[(100, 112), (120, 135), (140, 153)])  # fmt: skip
     req = request(ROUTE, 0, 161, [model], cpu_ms=1.2)
     program = ProgramBuilder(req, req.start_ns).program()
@@ -455,6 +456,29 @@ def test_every_recorded_loop_wait_ends_in_a_step_of_its_stage() -> None:
     assert [n[1] for n in steps[1:5]] == pytest.approx([0.225] * 4)
     total = sum(n[1] + n[2] if n[0] == LOOP else n[1] for n in program)
     assert total == pytest.approx(161 - (12 + 15 + 13), abs=1e-6)
+
+
+def test_checkpoint_waits_the_recorder_took_out_of_the_loop_wait_stay_io() -> None:
+    # The same call, recorded with 13 ms of loop wait: the first 27 ms of the noted waits
+    # were checkpoints before the reply arrived (the recorder counts loop wait from the
+    # data's arrival on). They stay I/O in the replay: the earliest waits go first (12 and
+    # 15 ms), and the last, 13 ms, is left.
+    model = stage("model", 10, 160, kind="model", cpu_ms=0.9, wait_ms=137, loop_wait_ms=13,
+                  waits=[(100, 112), (120, 135), (140, 153)])  # fmt: skip
+    assert recorded_loop_waits(model) == [(ns(140), ns(153))]
+    partly = stage("model", 10, 160, kind="model", cpu_ms=0.9, wait_ms=132, loop_wait_ms=18,
+                   waits=[(100, 112), (120, 135), (140, 153)])  # fmt: skip
+    assert recorded_loop_waits(partly) == [(ns(130), ns(135)), (ns(140), ns(153))]  # 22 ms cut
+    req = request(ROUTE, 0, 161, [model], cpu_ms=1.2)
+    program = ProgramBuilder(req, req.start_ns).program()
+    total = sum(n[1] + n[2] if n[0] == LOOP else n[1] for n in program)
+    assert total == pytest.approx(161 - 13, abs=1e-6)  # was 161 - 40: 27 ms of I/O lost
+    # Within a millisecond of the sum (rounding), and for a sum at least the intervals',
+    # the intervals are read as recorded.
+    for loop_wait in (39.5, 40.0, 55.0):
+        same = stage("model", 10, 160, kind="model", cpu_ms=0.9, wait_ms=110, loop_wait_ms=loop_wait,
+                     waits=[(100, 112), (120, 135), (140, 153)])  # fmt: skip
+        assert recorded_loop_waits(same) == same.loop_waits
 
 
 def test_a_sync_stage_does_not_yield_the_loop_after_itself() -> None:

@@ -20,7 +20,7 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
 from tracekit.analysis.replay.host import cpu_count, quantile_range
 from tracekit.analysis.rules.common import finding
-from tracekit.analysis.rules.findings import RuleContext, severity_for
+from tracekit.analysis.rules.findings import RuleContext, assess_severity, severity_for
 from tracekit.cli import main
 
 ROUTE = "POST /v1/chat/completions"
@@ -172,18 +172,38 @@ def test_severity_follows_the_projection() -> None:
     assert severity_for(0.0, 1000.0, bare) == "high"
 
 
+def test_the_severity_says_why() -> None:
+    # The figure that decided, in words: the weaker percentile's projected change and range.
+    assert assess_severity(0.0, 100.0, _projection((100, 90), (200, 150))) == (
+        "medium", "projected p50 -10% (-10 ms, range -12 to -8%)")
+    assert assess_severity(0.0, 1000.0, _projection((1000, 960), (2000, 1900), noise=0.06)) == (
+        "low", "projected p50 -4% (-40 ms, range -10 to +2%): the range reaches the before")
+    assert assess_severity(500.0, 1000.0, _projection((1000, 700), (5999, 6010))) == (
+        "low", "projected p95 +0% (+11 ms, range -2 to +2%): no gain")
+    bare = {"p50_ms": [1000, 700], "p95_ms": [2000, 1400], "throughput_rps": [1, 1]}
+    assert assess_severity(0.0, 1000.0, bare) == ("high", "projected p50 -30% (-300 ms)")
+    # Without a projection: the measured impact against the route's p50.
+    assert assess_severity(38.0, 100.0) == (
+        "high", "measured 38 ms per request, 38% of the route's p50 (no projection)")
+    assert assess_severity(2.0, None) == ("low", "measured 2.0 ms per request (no projection)")
+
+
 def test_a_rule_finding_takes_the_projections_severity() -> None:
     def project(requests: Any, fix: Fix) -> tuple[dict[str, Any] | None, str | None]:
         return _projection((1000, 1005), (6000, 6010)), None
 
-    def make(ctx: RuleContext) -> str:
+    def make(ctx: RuleContext) -> tuple[str, str | None]:
         found = finding(rule="sequential-independent", route=ROUTE, stage="guardrail",
                         function=None, impact_ms=400.0, route_p50_ms=1000.0, evidence="",
                         fix=("", ""), requests=[], ctx=ctx, model=FIX)  # fmt: skip
-        return found.severity
+        assert found.to_dict()["severity_reason"] == found.severity_reason
+        return found.severity, found.severity_reason
 
-    assert make(RuleContext(project=project)) == "low"
-    assert make(RuleContext()) == "high"  # no projection: the measured impact
+    said = "projected p50 +0% (+5.0 ms, range -2 to +3%): no gain"
+    assert make(RuleContext(project=project)) == ("low", said)
+    # No projection: the measured impact.
+    said = "measured 400 ms per request, 40% of the route's p50 (no projection)"
+    assert make(RuleContext()) == ("high", said)
 
 
 # --- the host in the trace, and --cores -------------------------------------------------------

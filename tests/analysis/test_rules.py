@@ -452,6 +452,7 @@ def test_finding_round_trips_through_its_dict() -> None:
         "stage",
         "function",
         "severity",
+        "severity_reason",
         "impact_ms",
         "evidence",
         "fix",

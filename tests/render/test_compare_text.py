@@ -17,8 +17,8 @@ def comparison(route: str = "POST /v1/chat") -> Comparison:
     finding = {"rule": "cpu-on-loop", "stage": "tokenize", "severity": "high",
                "projection": {"p50_ms": [100, 60], "p95_ms": [200, 150]}}  # fmt: skip
     check = check_finding(finding, {"p50_ms": p50, "p95_ms": p95, "throughput_rps": rps},
-                          still_found=False)  # fmt: skip
-    check.selected = True
+                          still_found=False, selected=True)  # fmt: skip
+    check.stage_ms = p50
     compared = RouteComparison(
         route=route, requests=(600, 600), errors=(0, 2),
         latency={"p50": p50, "p95": p95, "p99": p99}, throughput=rps, streaming=None,
@@ -45,6 +45,8 @@ def test_the_table_and_the_verdicts() -> None:
     # p50: projected -40%, measured -20%: short by 20 points of BEFORE.
     assert "p50  projected -40.0%, measured -20.0% [-25.0%, -15.0%]: missed by 20.0% (short)" in text
     assert "p95  projected -25.0%, measured +2.0% [-3.0%, +7.0%]: missed by 27.0% (short)" in text
+    stage = next(line for line in lines if "stage ms/request" in line)
+    assert stage.split()[2:6] == ["100", "80.0", "-20.0", "(-20.0%)"]
     assert lines[-1] == "Only in before: GET /health"
 
 
@@ -55,3 +57,28 @@ def test_trace_text_is_escaped_and_ascii_and_colour_follow_the_stream() -> None:
     assert "->" in text and "·" not in text and "→" not in text
     coloured = render_comparison(comparison(), width=80, color=True, unicode=True)
     assert "\x1b[33m" in coloured  # missed, in yellow
+
+
+def test_the_text_shows_the_verdicts_the_comparison_gives() -> None:
+    # The renderer prints each check's own verdict: an unselected finding's is "not the
+    # change made" (no metric lines), a change made without a projection says why.
+    data = comparison().to_dict()
+    [route] = data["routes"]
+    made = route["projections"][0]
+    other = {**made, "rule": "sequential-independent", "stage": "guardrail", "selected": False,
+             "verdict": "not the change made", "stage_ms": None,
+             "metrics": [{**m, "verdict": "not the change made"} for m in made["metrics"]]}  # fmt: skip
+    route["projections"] = [other, made]
+    text = render_comparison(data, width=100, color=False, unicode=True)
+    lines = text.splitlines()
+    assert "    sequential-independent · guardrail · not the change made · not found in after" in lines
+    assert sum(line.lstrip().startswith(("p50 ", "p95 ", "rps ")) for line in lines) == 2  # made's
+    route["projections"] = [{**made, "verdict": "no projection", "metrics": [],
+                             "projection_note": "the replay could not reproduce this route"}]  # fmt: skip
+    text = render_comparison(data, width=60, color=False, unicode=True)
+    assert "  → cpu-on-loop · tokenize · selected · no projection · not found in after" in text
+    said = " ".join(text.split())
+    assert "no projection: the replay could not reproduce this route; the measured change only" in said
+    lines = text.splitlines()
+    at = lines.index("      no projection: the replay could not reproduce this")  # wrapped at 60
+    assert lines[at + 1] == "        route; the measured change only"

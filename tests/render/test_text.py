@@ -40,8 +40,11 @@ def report_dict(**overrides: Any) -> dict[str, Any]:
                 "code": "async def tokenize(text):\n"
                         "    ids = await asyncio.to_thread(tokenizer.encode_batch, [text])"},
         "projection": {"p50_ms": [812.3, 640.0], "p95_ms": [1200.0, 800.0],
-                       "throughput_rps": [39.5, 52.0]},
+                       "throughput_rps": [39.5, 52.0],
+                       "range": {"p50_ms": [655.0, 610.0], "p95_ms": [760.0, 850.0],
+                                 "throughput_rps": [49.0, 55.0]}},
         "projection_note": None,
+        "severity_reason": "projected p50 -21% (-172 ms, range -25 to -19%)",
     }  # fmt: skip
     d = {
         "schema": "tracekit.report/1", "source": "/var/log/traces/gateway-2026-12-02.jsonl",
@@ -69,7 +72,8 @@ def test_shows_routes_breakdown_stages_and_the_whole_finding() -> None:
         "blocked at app/tok.py:42 in encode", "HIGH", "cpu-on-loop", "60 ms of loop wait",
         "impact: 55.5 ms", "      async def tokenize(text):",
         "          ids = await asyncio.to_thread(tokenizer.encode_batch, [text])",
-        "p50 812 → 640 ms", "rps 39.5 → 52.0", "validated", "ttft ≤ 500 ms",
+        "p50 812 → 640 (610 to 655) ms", "rps 39.5 → 52.0 (49.0 to 55.0)", "validated", "ttft ≤ 500 ms",
+        "HIGH: projected p50 -21% (-172 ms, range -25 to -19%)",
     ):  # fmt: skip
         assert piece in text, piece
 
@@ -121,6 +125,40 @@ def test_routes_without_stages_and_next_to_no_time_are_listed_in_one_line() -> N
     busy = {**probe, "requests": 100_000}
     text = render_text(report_dict(routes=[d["routes"][0], busy]), width=100, color=False)
     assert "\nGET /docs\n" in text
+
+
+def test_the_severity_reason_and_the_range_wrap_whole() -> None:
+    # Why the finding is rated as it is, and the range of each projected figure: wrapped at
+    # every width, never cut.
+    d = report_dict()
+    d["findings"][0]["severity_reason"] = "measured 38 ms per request, 38% of the route's p50 (no projection)"
+    for width in (40, 60):
+        lines = render_text(d, width=width, color=False, unicode=True).splitlines()
+        assert all(len(line) <= width for line in lines)
+        joined = " ".join(" ".join(lines).split())
+        assert "HIGH: measured 38 ms per request, 38% of the route's p50 (no projection)" in joined
+        assert "p95 1,200 → 800 (760 to 850) ms" in joined
+    ascii_text = render_text(d, width=80, color=False, unicode=False)
+    assert "p50 812 -> 640 (610 to 655) ms" in ascii_text
+    # A report without the reason (an older one) renders as before.
+    del d["findings"][0]["severity_reason"]
+    assert "HIGH:" not in render_text(d, width=80, color=False)
+
+
+def test_the_replay_states_its_model() -> None:
+    d = report_dict()
+    d["validation"]["model"] = {
+        "method": "replay", "arrivals": "closed", "clients": 3, "arrivals_read_by": "in flight",
+        "in_flight": {"mean": 2.38, "max": 3, "dispersion": 0.16}, "cores": 2,
+        "cores_source": "trace", "thread_pool_size": 6,
+    }  # fmt: skip
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert ("assumed: a closed loop of 3 clients (read from the requests in flight: mean 2.38, at "
+            "most 3), 2 cores (from the trace), thread pool 6") in said  # fmt: skip
+    d["validation"]["model"] = {"arrivals": "open", "rate_rps": 30.2, "cores": 8,
+                                "cores_source": "this machine"}  # fmt: skip
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert "assumed: open arrivals at 30.2 req/s, 8 cores (this machine's: the trace does not say)" in said
 
 
 def test_a_missing_projection_says_why() -> None:

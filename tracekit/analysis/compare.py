@@ -12,8 +12,11 @@ projection verdicts in :mod:`tracekit.analysis.projection_check`.
 
 Which projection is "the change made": BEFORE's findings each project one fix applied alone.
 ``finding="RULE[:STAGE]"`` names the fix that was made; by default it is the first finding
-of each route that carries a projection (the most severe, then the largest impact). Every
-projected finding of a route is checked and listed; the selected one is marked.
+of each route that carries a projection (the most severe, then the largest impact). Only the
+change made is judged (:mod:`tracekit.analysis.projection_check`); BEFORE's other projected
+findings of the route are listed with their figures as ``not the change made``. A named
+finding without a projection (the replay declined) is the change made all the same: its
+route and stage are measured, and its check says there was no projection and why.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any
 
 import orjson
 
-from tracekit.analysis.projection_check import ProjectionCheck, check_finding
+from tracekit.analysis.projection_check import ProjectionCheck, check_finding, unprojected
 from tracekit.analysis.readers.jaeger_api import is_url
 from tracekit.analysis.report import Report
+from tracekit.analysis.rules.findings import Finding
 from tracekit.analysis.stats.confidence import Change, mean_change, quantile_change, rate_change
 from tracekit.analysis.stats.route_stats import BREAKDOWN_KEYS
 from tracekit.analysis.stats.route_values import RouteCollector, RouteValues
@@ -78,7 +82,8 @@ class RouteComparison:
             neither run streamed on this route.
         breakdown: mean ms per request of each ``BREAKDOWN_KEYS`` component, or ``None``
             when neither run is instrumented.
-        projections: BEFORE's projected findings on this route, checked.
+        projections: BEFORE's projected findings on this route, checked (only the change
+            made is judged), and the change made when it has no projection.
     """
 
     route: str
@@ -192,7 +197,8 @@ def compare(
             a Jaeger query URL, in-memory spans).
         route: compare this route only (full name or path).
         finding: ``"RULE"`` or ``"RULE:STAGE"``: the fix that was made, among BEFORE's
-            findings; ``None``: each route's top finding with a projection.
+            findings (one without a projection too: then it is measured only); ``None``:
+            each route's top finding with a projection.
         confidence: the intervals' coverage, between 0.5 and 0.995.
         draws: bootstrap draws per side and percentile (at least 200).
         seed: the bootstrap's seed: the same inputs and seed give the same intervals.
@@ -208,7 +214,7 @@ def compare(
         SourceNotFoundError / TraceFormatError / SourceError: a side could not be read (the
             message starts with ``before:`` or ``after:``).
         ConfigurationError: a bad option, a side without requests, no route in both runs,
-            or a ``finding`` no projected finding of BEFORE matches.
+            or a ``finding`` no finding of BEFORE on a route both runs have matches.
 
     Cost: two analyses (rules and replay included) plus, per route, O(n log n) to sort
     and O(draws) per percentile; memory as the module docstring says.
@@ -240,18 +246,27 @@ def compare(
         compared = _route(name, b_values[name], a_values[name], seed, confidence, draws)
         measured = {"throughput_rps": compared.throughput}
         measured.update({f"{key}_ms": change for key, change in compared.latency.items()})
-        compared.projections = [
-            check_finding(f.to_dict(), measured, still_found=(f.rule, f.route, f.stage) in found_after)
-            for f in b_report.findings
-            if f.route == name and isinstance(f.projection, Mapping)
-        ]
-        _select(compared.projections, wanted)
+        on_route = [f for f in b_report.findings if f.route == name]
+        made = _made(on_route, wanted)
+        checks = []
+        for f in on_route:
+            found = (f.rule, f.route, f.stage) in found_after
+            if isinstance(f.projection, Mapping):
+                checks.append(check_finding(f.to_dict(), measured, still_found=found, selected=f is made))
+            elif f is made:
+                checks.append(unprojected(f.to_dict(), still_found=found))
+            else:
+                continue
+            if f is made and f.stage is not None:
+                checks[-1].stage_ms = _stage_change(f.stage, b_values[name], a_values[name], confidence)
+        compared.projections = checks
         routes.append(compared)
     if wanted is not None and not any(c.selected for r in routes for c in r.projections):
-        projected = sorted({c.label for r in routes for c in r.projections})
+        labels = sorted({f.rule if f.stage is None else f"{f.rule}:{f.stage}" for f in b_report.findings
+                         if f.route in b_values and f.route in a_values})  # fmt: skip
         raise ConfigurationError(
-            f"no projected finding of before matches {finding!r}; its projected findings: "
-            f"{', '.join(projected) or 'none'}"
+            f"no finding of before matches {finding!r} on a route both runs have; its findings: "
+            f"{', '.join(labels) or 'none'}"
         )
     return Comparison(
         before=_side(b_report, b_values),
@@ -277,12 +292,27 @@ def _parse_finding(finding: str | None) -> tuple[str, str | None] | None:
     return rule, stage or None
 
 
-def _select(checks: list[ProjectionCheck], wanted: tuple[str, str | None] | None) -> None:
-    # The selected projection: the first finding matching `wanted`, else the route's first.
-    for check in checks:
-        if wanted is None or (check.rule == wanted[0] and wanted[1] in (None, check.stage)):
-            check.selected = True
-            return
+def _made(findings: list[Finding], wanted: tuple[str, str | None] | None) -> Finding | None:
+    # The change made on a route: the first finding matching `wanted` (projected or not),
+    # else, with no `wanted`, the route's first projected finding.
+    for f in findings:
+        if wanted is None:
+            if isinstance(f.projection, Mapping):
+                return f
+        elif f.rule == wanted[0] and wanted[1] in (None, f.stage):
+            return f
+    return None
+
+
+def _stage_change(stage: str, b: RouteValues, a: RouteValues, confidence: float) -> Change | None:
+    # The stage's mean wall ms per request, each side (0 for a request without the stage:
+    # a fix that removes the stage shows as its time going to 0); None when neither has it.
+    before, after = b.stages.get(stage), a.stages.get(stage)
+    if before is None and after is None:
+        return None
+    empty = array("d")
+    return mean_change(before if before is not None else empty, after if after is not None else empty,
+                       confidence=confidence)  # fmt: skip
 
 
 def _measure(

@@ -21,6 +21,13 @@ Verdicts, per metric (:data:`VERDICTS`):
 Without a measured interval (too few requests) the measured point stands in for it. A
 finding's verdict is ``wrong direction`` if any metric's is, else ``missed`` if any metric's
 is, else ``held`` if any metric was measured, else ``unmeasured``.
+
+Only the change made is judged. A finding that is not (``selected`` false) gets ``not the
+change made`` as its verdict and each metric's: its figures are kept, but measured against
+another fix a "held" says nothing (two wide intervals overlap) and would read as a claim.
+The change made without a projection (``--finding`` naming a finding whose replay declined)
+gets ``no projection``, with the finding's note saying why, and no metrics: the measured
+change is the route's table (and the stage's, ``stage_ms``).
 """
 
 from __future__ import annotations
@@ -32,12 +39,13 @@ from typing import Any
 
 from tracekit.analysis.stats.confidence import Change
 
-__all__ = ["METRICS", "VERDICTS", "MetricCheck", "ProjectionCheck", "check_finding"]
+__all__ = ["METRICS", "VERDICTS", "MetricCheck", "ProjectionCheck", "check_finding", "unprojected"]
 
 #: The projection's metrics, in the order they are checked and shown.
 METRICS = ("p50_ms", "p95_ms", "throughput_rps")
 HELD, WRONG, MISSED, UNMEASURED = "held", "wrong direction", "missed", "unmeasured"
-VERDICTS = (HELD, MISSED, WRONG, UNMEASURED)
+NOT_MADE, NO_PROJECTION = "not the change made", "no projection"
+VERDICTS = (HELD, MISSED, WRONG, UNMEASURED, NOT_MADE, NO_PROJECTION)
 
 
 @dataclass
@@ -91,7 +99,11 @@ class ProjectionCheck:
         selected: this is the change made (``--finding``, or the route's top projection).
         still_found: AFTER has a finding of the same rule on the same route and stage.
         model: the projection's ``model`` object (the replay's assumptions), if it has one.
-        metrics: the checked metrics, in :data:`METRICS` order.
+        metrics: the checked metrics, in :data:`METRICS` order (none without a projection).
+        projected: the finding has a projection.
+        note: without one, why (the finding's ``projection_note``).
+        stage_ms: the change made's stage, measured: its mean wall ms per request (set by
+            ``compare`` for the selected finding of a stage), else ``None``.
     """
 
     rule: str
@@ -101,6 +113,9 @@ class ProjectionCheck:
     still_found: bool
     model: Any
     metrics: list[MetricCheck]
+    projected: bool = True
+    note: str | None = None
+    stage_ms: Change | None = None
 
     @property
     def label(self) -> str:
@@ -110,6 +125,10 @@ class ProjectionCheck:
     @property
     def verdict(self) -> str:
         """The finding's verdict (module docstring)."""
+        if not self.selected:
+            return NOT_MADE
+        if not self.projected:
+            return NO_PROJECTION
         verdicts = {m.verdict for m in self.metrics}
         for verdict in (WRONG, MISSED, HELD):
             if verdict in verdicts:
@@ -126,12 +145,18 @@ class ProjectionCheck:
             "verdict": self.verdict,
             "still_found": self.still_found,
             "model": self.model,
+            "projection_note": self.note,
+            "stage_ms": None if self.stage_ms is None else self.stage_ms.to_dict(),
             "metrics": [m.to_dict() for m in self.metrics],
         }
 
 
 def check_finding(
-    finding: Mapping[str, Any], measured: Mapping[str, Change], *, still_found: bool
+    finding: Mapping[str, Any],
+    measured: Mapping[str, Change],
+    *,
+    still_found: bool,
+    selected: bool,
 ) -> ProjectionCheck:
     """Check one finding's projection against the measured changes.
 
@@ -139,9 +164,11 @@ def check_finding(
         finding: a ``findings[]`` item of a ``tracekit.report/1`` report, with a projection.
         measured: the measured change of each metric of :data:`METRICS`.
         still_found: whether AFTER still has the finding.
+        selected: whether it is the change made; if not, nothing is judged (every verdict
+            is ``not the change made``).
 
     Returns:
-        The check (not selected: the caller selects).
+        The check.
     """
     projection = finding.get("projection")
     projection = projection if isinstance(projection, Mapping) else {}
@@ -152,16 +179,41 @@ def check_finding(
         pair = _pair(projection.get(metric))
         change = measured.get(metric)
         if pair is not None and change is not None:
-            metrics.append(check_metric(metric, pair, _pair(ranges.get(metric)), change))
+            range_ = _pair(ranges.get(metric))
+            if selected:
+                metrics.append(check_metric(metric, pair, range_, change))
+            else:
+                metrics.append(MetricCheck(metric, pair, range_, _expected(pair, range_), change, NOT_MADE))
     stage = finding.get("stage")
     return ProjectionCheck(
         rule=str(finding.get("rule")),
         stage=None if stage is None else str(stage),
         severity=str(finding.get("severity")),
-        selected=False,
+        selected=selected,
         still_found=still_found,
         model=projection.get("model"),
         metrics=metrics,
+    )
+
+
+def unprojected(finding: Mapping[str, Any], *, still_found: bool) -> ProjectionCheck:
+    """The change made when its finding has no projection: nothing to check, and why.
+
+    Args:
+        finding: a ``findings[]`` item without a projection.
+        still_found: whether AFTER still has the finding.
+    """
+    stage, note = finding.get("stage"), finding.get("projection_note")
+    return ProjectionCheck(
+        rule=str(finding.get("rule")),
+        stage=None if stage is None else str(stage),
+        severity=str(finding.get("severity")),
+        selected=True,
+        still_found=still_found,
+        model=None,
+        metrics=[],
+        projected=False,
+        note=str(note) if note else "the report gives no reason",
     )
 
 
@@ -182,9 +234,7 @@ def check_metric(
     Returns:
         The :class:`MetricCheck`.
     """
-    base, point = projected
-    low, high = sorted(range_) if range_ is not None else (point, point)
-    expected = (low / base - 1, high / base - 1) if base > 0 else None
+    expected = _expected(projected, range_)
     m = measured.relative
     if expected is None or m is None:
         return MetricCheck(metric, projected, range_, expected, measured, UNMEASURED)
@@ -202,6 +252,15 @@ def check_metric(
     toward = e_low if e_low > 0 else e_high if e_high < 0 else 0.0
     short = (m < e_low and toward > 0) or (m > e_high and toward < 0)
     return MetricCheck(metric, projected, range_, expected, measured, MISSED, gap, short)
+
+
+def _expected(
+    projected: tuple[float, float], range_: tuple[float, float] | None
+) -> tuple[float, float] | None:
+    # The projected relative change (its range's, else the point's), None without a before.
+    base, point = projected
+    low, high = sorted(range_) if range_ is not None else (point, point)
+    return (low / base - 1, high / base - 1) if base > 0 else None
 
 
 def _percent(low: float | None, high: float | None) -> list[float] | None:

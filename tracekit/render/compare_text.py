@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO, TypeGuard
 
+from tracekit.analysis.projection_check import NOT_MADE
 from tracekit.render.text import (
     ASCII,
     COLOR,
@@ -166,15 +167,17 @@ class _Renderer:
         tone = _tone(p, verdict)
         name = _s(c.get("rule")) + (f" {g.dot} {_s(c['stage'])}" if c.get("stage") else "")
         mark = f"{g.arrow} " if c.get("selected") else "  "
-        # Only the change made is judged: measured against another fix's projection, a "held"
-        # says nothing (both intervals wide enough to overlap) and reads as a claim.
-        tags = ["selected", f"{tone}{verdict}{p.reset}"] if c.get("selected") else ["not the change made"]
+        tags = (["selected"] if c.get("selected") else []) + [f"{tone}{_s(verdict)}{p.reset}"]
         tags.append("still found in after" if c.get("still_found") else "not found in after")
         self._add(f"  {mark}{p.bold}{name}{p.reset} {g.dot} " + f" {g.dot} ".join(tags))
-        if not c.get("selected"):
-            return
+        if c.get("projection_note"):
+            self._wrap(f"no projection: {_s(c['projection_note'])}; the measured change only", 6,
+                       p.dim, hang=2)  # fmt: skip
+        if c.get("stage"):
+            self._row("  stage ms/request", c.get("stage_ms"))
+        # The mechanism judged only the change made: another fix's figures are not shown.
         for m in c.get("metrics") or []:
-            if isinstance(m, Mapping):
+            if isinstance(m, Mapping) and m.get("verdict") != NOT_MADE:
                 self._metric(m)
 
     def _metric(self, m: Mapping[str, Any]) -> None:

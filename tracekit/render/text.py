@@ -298,6 +298,9 @@ class _Renderer:
         else:
             reason = v.get("reason") or "unknown reason"
             self._wrap(f"Replay model: not validated, so no projections: {reason}", 0, self.p.dim)
+        model = v.get("model")
+        if isinstance(model, Mapping):
+            self._wrap(f"assumed: {model_words(model)}", 2, self.p.dim, hang=2)
 
     def _route(self, r: Mapping[str, Any]) -> None:
         p, g = self.p, self.g
@@ -479,6 +482,8 @@ class _Renderer:
         self._add()
         self._add(f"  {tone}{p.bold}{label}{p.reset} {p.bold}{rule}{p.reset}")
         self._wrap(" ".join(where), 4)
+        if f.get("severity_reason"):
+            self._wrap(f"{label}: {f['severity_reason']}", 4, tone, hang=2)
         self._wrap(str(f.get("evidence") or ""), 4)
         if _is_number(f.get("impact_ms")):
             self._add(f"    impact: {fmt_ms(f['impact_ms'])} ms per request")
@@ -498,11 +503,39 @@ class _Renderer:
                 self._wrap(f"no projection: {note}", 4, self.p.dim, hang=2)
             return
         parts = []
+        spread = proj.get("range")
+        spread = spread if isinstance(spread, Mapping) else {}
         for key, label, unit in _PROJECTED:
             pair = proj.get(key)
             if isinstance(pair, (list, tuple)) and len(pair) == 2:
-                parts.append(f"{label} {fmt_ms(pair[0])} {g.arrow} {fmt_ms(pair[1])}{unit}")
+                part = f"{label} {fmt_ms(pair[0])} {g.arrow} {fmt_ms(pair[1])}"
+                bounds = spread.get(key)
+                if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+                    low, high = sorted(bounds) if all(map(_is_number, bounds)) else bounds
+                    part += f" ({fmt_ms(low)} to {fmt_ms(high)})"
+                parts.append(part + unit)
         self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4, self.p.green, hang=2)
+
+
+def model_words(model: Mapping[str, Any]) -> str:
+    """The replay's model statement (``validation.model``, ``projection.model``) in words."""
+    if model.get("arrivals") == "closed":
+        arrivals = f"a closed loop of {_int(model.get('clients'))} clients"
+    else:
+        arrivals = f"open arrivals at {_rps(model.get('rate_rps'))}"
+    flight = model.get("in_flight")
+    if isinstance(flight, Mapping):
+        counted = f"mean {fmt_ms(flight.get('mean'))}, at most {_int(flight.get('max'))}"
+        if model.get("arrivals_read_by") == "in flight":
+            arrivals += f" (read from the requests in flight: {counted})"
+        else:
+            arrivals += f" (requests in flight: {counted})"
+    sources = {"trace": "from the trace", "--cores": "--cores"}
+    source = sources.get(str(model.get("cores_source")), "this machine's: the trace does not say")
+    parts = [arrivals, f"{_int(model.get('cores'))} cores ({source})"]
+    if _is_number(model.get("thread_pool_size")):
+        parts.append(f"thread pool {_int(model['thread_pool_size'])}")
+    return ", ".join(parts)
 
 
 _PROJECTED = (("p50_ms", "p50", " ms"), ("p95_ms", "p95", " ms"), ("throughput_rps", "rps", ""))

@@ -324,7 +324,9 @@ class Replayer:
         span_s = (max(r.start_ns for r in group) - min(r.start_ns for r in group)) / 1e9
         rate = (len(group) - 1) / span_s if span_s > 0 else 0.0
         config = self.config
-        return statement(loop.host, loop.mode, loop.clients, rate, len(group), config.tolerance)
+        flight = loop.plan.in_flight
+        return statement(loop.host, loop.mode, loop.clients, rate, len(group), config.tolerance,
+                         None if flight is None else flight.to_dict(), loop.plan.read_by)  # fmt: skip
 
     def _hint(self, route: str, error: float) -> str:
         """What would let the replay project ``route`` (its error's sign says which way)."""

@@ -17,10 +17,31 @@ actually preceded in the queue. Two estimates of the real ready time:
   judged closed-loop, every completion starts one request: requests left unmatched (their
   gap looked idler than it was) are paired first-ended to first-started, with the typical
   think time.
+- **Slow closed-loop clients**: when too few requests chain but the requests in flight say a
+  closed loop (below), every start is chained first-ended first, however idle the loop was
+  in between, each with its own think time: the gap less the successor's estimated wait for
+  the loop (half the busy run before its start, as for open arrivals), at least the loop's
+  idle time in the gap. Slow clients' think times vary, and the variation is what makes two
+  clients' requests collide on the loop: capped at the 10th percentile as above, a 2-client
+  loop replayed 16-20% faster than measured.
 - **Open arrivals**: if the loop was busy right up to the recorded start (a busy run of
   recorded slices, joined across gaps under 1 ms, ending at the start), the request became
   ready at an unknown time within that run: assume the middle (the core's loop-wait
   estimator makes the same assumption, DESIGN §1).
+
+Which: **the chains first, then the requests in flight**. A closed loop of ``N`` independent
+clients holds about ``N`` requests in flight throughout (each client has one, or is about to
+send it): a binomial count, whose dispersion (variance / mean, time-weighted over the loop's
+active window) is ``1 - p`` for clients in flight a share ``p`` of the time; open Poisson
+arrivals give a dispersion of 1, more when requests queue. When fewer than ``min_fraction``
+of the requests chain, a dispersion at or under :data:`CLOSED_DISPERSION` still reads the
+trace as a closed loop (its ``N`` the most in flight): clients slow to send again (a load
+generator sharing the host: 2 ms and more between a response and the next request) chain
+poorly by idle time, and were read as open arrivals before the count was used. The count
+does not overrule chains: clients that fall into lock-step batches (all sending at once, then
+served one after another) swing it from ``N`` to 0 although they are a closed loop. Open
+arrivals at a fixed rate with a near-constant latency (not Poisson) also hold a
+near-constant count: they would read as closed.
 
 Replayed latency is measured like the recorded one: from the request's first step on the
 loop to its end.
@@ -40,6 +61,55 @@ _MS = 1e6
 # Recorded busy slices closer than this form one busy run: the loop dispatching the next
 # callback, or polling with nothing ready, takes less than a millisecond.
 GAP_NS = 1_000_000
+#: In-flight dispersion (variance / mean) at or under which the requests are a closed loop
+#: (module docstring): clients in flight at least half the time.
+CLOSED_DISPERSION = 0.5
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """The requests in flight over one loop's active window (first start to last end),
+    weighted by time.
+
+    Attributes:
+        mean / variance: of the count. most: the largest count.
+    """
+
+    mean: float
+    variance: float
+    most: int
+
+    @property
+    def dispersion(self) -> float:
+        """Variance over mean (0 for a constant count; 1 for Poisson arrivals)."""
+        return self.variance / self.mean if self.mean > 0 else 0.0
+
+    @property
+    def closed(self) -> bool:
+        """Whether the count says a closed loop (module docstring)."""
+        return self.most >= 1 and self.dispersion <= CLOSED_DISPERSION
+
+    def to_dict(self) -> dict[str, float]:
+        """The model statement's ``in_flight`` object."""
+        return {"mean": round(self.mean, 2), "max": self.most, "dispersion": round(self.dispersion, 2)}
+
+
+def in_flight(group: list[RequestRecord]) -> InFlight:
+    """The in-flight count of ``group`` (:class:`InFlight`). Cost: O(n log n)."""
+    events = sorted([(r.start_ns, 1) for r in group] + [(r.end_ns, -1) for r in group])
+    if not events or events[-1][0] <= events[0][0]:
+        return InFlight(float(len(group)), 0.0, len(group))
+    total = float(events[-1][0] - events[0][0])
+    count, last, most = 0, events[0][0], 0
+    first = second = 0.0  # time-weighted sums of the count and its square
+    for t, step in events:
+        first += count * (t - last)
+        second += count * count * (t - last)
+        count += step
+        last = t
+        most = max(most, count)
+    mean = first / total
+    return InFlight(mean, max(0.0, second / total - mean * mean), most)
 
 
 class BusyIndex:
@@ -98,10 +168,15 @@ class Arrivals:
     Attributes:
         ready: index -> ready time, for requests that are not chained.
         chains: predecessor index -> (successor index, idle ms before the successor is ready).
+        in_flight: the recorded requests in flight (``None`` for a single request).
+        read_by: what decided the arrivals: ``"in flight"`` (the count), ``"chains"`` (the
+            share of requests that chain), or ``"option"`` (``arrivals`` was not ``auto``).
     """
 
     ready: dict[int, float]
     chains: dict[int, tuple[int, float]]
+    in_flight: InFlight | None = None
+    read_by: str = "option"
 
 
 def arrivals(
@@ -126,11 +201,19 @@ def arrivals(
     """
     busy = BusyIndex(group)
     chains: dict[int, tuple[int, float]] = {}
+    flight = in_flight(group) if len(group) > 1 else None
+    read_by = "option" if mode != "auto" else "chains"
     if mode != "open" and len(group) > 1:
         chains = _chains(group, busy, int(gap_ms * _MS))
         if mode == "auto" and len(chains) < min_fraction * (len(group) - 1):
             chains = {}
-        if chains:
+            if flight is not None and flight.closed:
+                # A closed loop by the count, whose clients are too slow to chain by idle
+                # time: every start follows an earlier end, each with its own think time.
+                read_by = "in flight"
+                slow = _chains(group, busy, None)
+                chains = {p: (s, _think(group[p], group[s], busy, idle)) for p, (s, idle) in slow.items()}
+        if chains and read_by != "in flight":
             think = percentile([idle for _, idle in chains.values()], 0.1)
             chains = {p: (s, min(idle, think)) for p, (s, idle) in chains.items()}
             chains.update(_pair_leftovers(group, chains, think))
@@ -140,12 +223,13 @@ def arrivals(
         if i not in chained:
             waited = busy.run_before(req.start_ns) // 2
             ready[i] = (req.start_ns - waited - t0_ns) / _MS
-    return Arrivals(ready, chains)
+    return Arrivals(ready, chains, flight, read_by)
 
 
 def _chains(
-    group: list[RequestRecord], busy: BusyIndex, gap_ns: int
+    group: list[RequestRecord], busy: BusyIndex, gap_ns: int | None
 ) -> dict[int, tuple[int, float]]:
+    # gap_ns None: no limit on the idle time between an end and the start it is chained to.
     ends = sorted(range(len(group)), key=lambda i: group[i].end_ns)
     out: dict[int, tuple[int, float]] = {}
     candidates: deque[int] = deque()
@@ -157,12 +241,23 @@ def _chains(
             pointer += 1
         # Too much idle loop time since it ended: it cannot have been waiting (and will be
         # idler still for every later start).
-        while candidates and _idle(busy, group[candidates[0]].end_ns, start) > gap_ns:
+        while (
+            gap_ns is not None and candidates and _idle(busy, group[candidates[0]].end_ns, start) > gap_ns
+        ):
             candidates.popleft()
         if candidates:
             pred = candidates.popleft()
             out[pred] = (i, _idle(busy, group[pred].end_ns, start) / _MS)
     return out
+
+
+def _think(pred: RequestRecord, succ: RequestRecord, busy: BusyIndex, idle_ms: float) -> float:
+    # A slow client's own think time: the gap less the successor's estimated wait for the
+    # loop (half the busy run before its start, as for open arrivals), within [the loop's
+    # idle time in the gap (the successor was not ready while the loop idled), the gap].
+    gap = (succ.start_ns - pred.end_ns) / _MS
+    waited = busy.run_before(succ.start_ns) / 2 / _MS
+    return min(gap, max(idle_ms, gap - waited))
 
 
 def _pair_leftovers(

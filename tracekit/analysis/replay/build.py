@@ -8,7 +8,8 @@ where the node's own code ran. In a gap, the node's own loop slices (its recorde
 places, and so does the end of every recorded loop wait (a wait for the loop ends when a step
 of the waiting code begins; most such steps are too short to be recorded as slices); the rest
 becomes :data:`DELAY`, less the recorded loop waits: those are not replayed, the replay
-produces its own at those steps. A cluster of one child is that child's program; a
+produces its own at those steps (a stage's intervals trimmed to its recorded loop-wait sum,
+:mod:`~tracekit.analysis.replay.loop_waits`). A cluster of one child is that child's program; a
 cluster of several becomes a :data:`PAR` of chains (greedy interval partitioning), each chain
 keeping its members' recorded offsets as delays.
 
@@ -45,6 +46,7 @@ from tracekit.analysis.replay.fixes import (
     targets,
     trim_before_outside_queues,
 )
+from tracekit.analysis.replay.loop_waits import recorded_loop_waits
 from tracekit.analysis.replay.memo import ROOT, Block, Plan, ProgramMemo, touched_nodes
 from tracekit.analysis.replay.nodes import (
     FOLLOW_NS,
@@ -381,7 +383,7 @@ class ProgramBuilder:
                 stage.end_ns,
                 stage_cpu_split(stage)[0],  # work it handed to a pool is not the loop's
                 own,
-                stage.loop_waits,
+                recorded_loop_waits(stage),
                 stage.max_block_ms,
                 consumer_ms(stage),
             )

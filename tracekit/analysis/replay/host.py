@@ -99,13 +99,22 @@ def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: 
 
 
 def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: int,
-              tolerance: float) -> dict[str, Any]:  # fmt: skip
-    """The report's ``model`` object: what the replay assumed (``docs/analyzer.md``)."""
+              tolerance: float, in_flight: dict[str, Any] | None = None,
+              read_by: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The report's ``model`` object: what the replay assumed (``docs/analyzer.md``).
+
+    ``in_flight`` (the recorded count: mean, max, dispersion) and ``read_by`` (what decided
+    the arrivals: ``in flight``, ``chains`` or ``option``) say why the arrivals are what they are.
+    """
     arrivals: dict[str, Any] = (
         {"arrivals": "closed", "clients": clients}
         if mode == "closed"
         else {"arrivals": "open", "rate_rps": round(rate_rps, 3)}
     )
+    if read_by is not None:
+        arrivals["arrivals_read_by"] = read_by
+    if in_flight is not None:
+        arrivals["in_flight"] = in_flight
     return {
         "method": "replay",
         **arrivals,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import loop_fixes
 from tracekit.analysis.rules.common import by_route, ms, p50_latency
-from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severity
 from tracekit.analysis.rules.loop_load import (
     LoopLoad,
     loop_loads,
@@ -111,9 +111,10 @@ class BackgroundOnLoop:
         impact = 0.0
         if projection is not None:
             impact = projection["p50_ms"][0] - projection["p50_ms"][1]
+        severity, reason = assess_severity(impact, p50_latency(reqs), projection)
         return Finding(
             rule=self.id, route=route, stage=None, function=None,
-            severity=severity_for(impact, p50_latency(reqs), projection), impact_ms=impact,
+            severity=severity, severity_reason=reason, impact_ms=impact,
             evidence=evidence, fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip

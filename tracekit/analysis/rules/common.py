@@ -11,7 +11,7 @@ from typing import Any
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
-from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severity
 from tracekit.analysis.rules.loop_index import OWN, LoopIndex, Usage, loop_usage
 
 __all__ = [
@@ -151,12 +151,13 @@ def finding(
     if projection is not None:
         gain = projection["p50_ms"][0] - projection["p50_ms"][1]
         impact_ms = max(impact_ms, gain)
+    severity, reason = assess_severity(impact_ms, route_p50_ms, projection)
     return Finding(
         rule=rule,
         route=route,
         stage=stage,
         function=function,
-        severity=severity_for(impact_ms, route_p50_ms, projection),
+        severity=severity, severity_reason=reason,
         impact_ms=impact_ms,
         evidence=evidence,
         fix_title=fix[0],

@@ -87,7 +87,7 @@ def severity_for(
     impact_ms: float, route_p50_ms: float | None, projection: Mapping[str, Any] | None = None
 ) -> str:
     """The severity of a finding: from its projection when it has one, else from its
-    measured impact (report contract thresholds).
+    measured impact (report contract thresholds); :func:`assess_severity` without the reason.
 
     Args:
         impact_ms: the measured latency the defect costs, per request.
@@ -99,26 +99,72 @@ def severity_for(
         ``"high"``, ``"medium"`` or ``"low"``; never above ``"low"`` when the projected gain
         is at or below zero or within the projection's range.
     """
+    return assess_severity(impact_ms, route_p50_ms, projection)[0]
+
+
+def assess_severity(
+    impact_ms: float, route_p50_ms: float | None, projection: Mapping[str, Any] | None = None
+) -> tuple[str, str]:
+    """The severity of a finding and why, in words (the report's ``severity_reason``).
+
+    With a projection: the weaker of the p50's and the p95's projected gain, each against its
+    own before (a fix rated high helps the median and the tail), e.g. ``"projected p95 -12%
+    (-40 ms, range -31 to +2%): the range reaches the before"``. Without: the measured impact against
+    the route's p50, e.g. ``"measured 38 ms per request, 38% of the route's p50 (no
+    projection)"``.
+
+    Args: as :func:`severity_for`.
+
+    Returns:
+        ``(severity, reason)``.
+    """
     if projection is not None:
         return _projected_severity(projection)
-    return _severity(impact_ms, route_p50_ms)
+    severity = _severity(impact_ms, route_p50_ms)
+    share = f", {_share(impact_ms, route_p50_ms)} of the route's p50" if route_p50_ms else ""
+    return severity, f"measured {_ms(impact_ms)} per request{share} (no projection)"
 
 
-def _projected_severity(projection: Mapping[str, Any]) -> str:
+def _projected_severity(projection: Mapping[str, Any]) -> tuple[str, str]:
     # The weaker of the p50's and the p95's: a fix rated high helps the median and the tail.
     spread = projection.get("range")
-    rank = 0
+    rank, reason = -1, ""
     for key in ("p50_ms", "p95_ms"):
         pair = projection.get(key)
         if not isinstance(pair, Sequence) or len(pair) != 2:
-            return "low"
+            return "low", f"the projection has no {key[:3]}"
         before, after = float(pair[0]), float(pair[1])
         gain = before - after
+        change = _pct(after, before)
         bounds = spread.get(key) if isinstance(spread, Mapping) else None
-        if isinstance(bounds, Sequence) and len(bounds) == 2 and float(bounds[1]) >= before:
-            gain = 0.0  # the after's range reaches the before: within noise
-        rank = max(rank, _RANK[_severity(gain, before)])
-    return SEVERITIES[rank]
+        said = f"projected {key[:3]} {change} ({_ms(after - before, signed=True)}"
+        if isinstance(bounds, Sequence) and len(bounds) == 2:
+            low, high = sorted((float(bounds[0]), float(bounds[1])))
+            said += f", range {_pct(low, before).rstrip('%')} to {_pct(high, before)})"
+            if high >= before and gain > 0:
+                gain = 0.0  # the after's range reaches the before: within noise
+                said += ": the range reaches the before"
+        else:
+            said += ")"
+        if gain <= 0 and "reaches" not in said:
+            said += ": no gain"
+        this = _RANK[_severity(gain, before)]
+        if this > rank:  # the weaker figure decides (ties: the p50, named first)
+            rank, reason = this, said
+    return SEVERITIES[rank], reason
+
+
+def _pct(value: float, base: float) -> str:
+    return f"{100 * (value / base - 1):+.0f}%" if base > 0 else "-"
+
+
+def _share(impact_ms: float, base_ms: float | None) -> str:
+    return f"{100 * impact_ms / base_ms:.0f}%" if base_ms else "-"
+
+
+def _ms(value: float, *, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    return f"{value:{sign}.1f} ms" if abs(value) < 10 else f"{value:{sign}.0f} ms"
 
 
 def _severity(impact_ms: float, base_ms: float | None) -> str:
@@ -172,6 +218,8 @@ class Finding:
         stage: the stage name, or ``None`` for the request's own code / the whole route.
         function: ``code.namespace + "." + code.function`` of the stage, when known.
         severity: ``"high"``, ``"medium"`` or ``"low"`` (:func:`severity_for`).
+        severity_reason: why, in words (:func:`assess_severity`), or ``None`` (a finding
+            read from an older report).
         impact_ms: the latency the defect costs per request, measured (or projected).
         evidence: one sentence with the numbers that show it.
         fix_title: what to change, in a line.
@@ -196,6 +244,7 @@ class Finding:
     fix_code: str
     projection: dict[str, Any] | None = None
     projection_note: str | None = None
+    severity_reason: str | None = None
     #: Symptom folding (``rules/folding.py``): the rule ids of the symptoms folded into this
     #: finding (reported); the findings that would explain this one, most likely first, as
     #: (rule, route, stage), and the clause their evidence gains (not reported).
@@ -211,6 +260,7 @@ class Finding:
             "stage": self.stage,
             "function": self.function,
             "severity": self.severity,
+            "severity_reason": self.severity_reason,
             "impact_ms": round(self.impact_ms, 3),
             "evidence": self.evidence,
             "fix": {"title": self.fix_title, "code": self.fix_code},
@@ -250,6 +300,7 @@ class Finding:
             fix_code=str(fix.get("code", "")),
             projection=dict(projection) if isinstance(projection, Mapping) else None,
             projection_note=_opt_str(data.get("projection_note")),
+            severity_reason=_opt_str(data.get("severity_reason")),
             explains=[str(r) for r in data.get("explains") or [] if isinstance(r, str)],
         )
 

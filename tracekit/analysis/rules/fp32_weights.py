@@ -24,7 +24,7 @@ from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules.common import by_route, ms, p50_latency
-from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severity
 
 FIX_TITLE = "Load the model in bfloat16 (float16 on GPUs without bf16): half the bytes moved per token"
 FIX_CODE = """\
@@ -99,9 +99,10 @@ class Fp32Weights:
             projection = _projection(reqs, device_ms)
             impact = projection["p50_ms"][0] - projection["p50_ms"][1]
             note = None
+        severity, reason = assess_severity(impact, p50_latency(reqs), projection)
         return Finding(
             rule=self.id, route=route, stage=name, function=None,
-            severity=severity_for(impact, p50_latency(reqs), projection), impact_ms=impact,
+            severity=severity, severity_reason=reason, impact_ms=impact,
             evidence=evidence, fix_title=FIX_TITLE,
             fix_code=FIX_CODE + ("# projected: each request less half its device time (memory-bound "
                                  "kernels move half the bytes): an upper bound on the gain\n"

@@ -31,7 +31,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.rules import loop_fixes
 from tracekit.analysis.rules.common import by_route, ms, p50_latency
-from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severity
 from tracekit.analysis.rules.loop_index import gc_ms
 from tracekit.analysis.rules.loop_load import LoopLoad, loop_loads, queueing_projection
 from tracekit.analysis.stats.loop_windows import LoopWindow
@@ -117,9 +117,10 @@ class GcPauses:
         impact = per_request
         if projection is not None:
             impact = max(impact, projection["p50_ms"][0] - projection["p50_ms"][1])
+        severity, reason = assess_severity(impact, p50_latency(reqs), projection)
         return Finding(
             rule=self.id, route=route, stage=None, function=None,
-            severity=severity_for(impact, p50_latency(reqs), projection), impact_ms=impact,
+            severity=severity, severity_reason=reason, impact_ms=impact,
             evidence=evidence, fix_title=fix[0],
             fix_code=fix[1] + "# projected: the route's requests without their own GC pauses "
             "(other requests' waits behind a pause kept: a lower bound on the gain)\n",

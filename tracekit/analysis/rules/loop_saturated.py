@@ -36,7 +36,7 @@ from tracekit.analysis.rules import loop_fixes
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.common import LoopIndex, by_route, ms, name_of, p50_latency
 from tracekit.analysis.rules.cpu_on_loop import CpuOnLoop, fix_for_cpu
-from tracekit.analysis.rules.findings import Finding, RuleContext, severity_for
+from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severity
 from tracekit.analysis.rules.loop_index import Usage, loop_usage
 from tracekit.analysis.rules.loop_load import (
     LoopLoad,
@@ -222,9 +222,10 @@ class LoopSaturated:
         impact = sum(waits) / max(1, len(waits))
         if projection is not None:
             impact = max(impact, projection["p50_ms"][0] - projection["p50_ms"][1])
+        severity, reason = assess_severity(impact, p50, projection)
         return Finding(
             rule=self.id, route=victim, stage=None, function=None,
-            severity=severity_for(impact, p50, projection), impact_ms=impact, evidence="; ".join(evidence),
+            severity=severity, severity_reason=reason, impact_ms=impact, evidence="; ".join(evidence),
             fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip

@@ -2,7 +2,8 @@
 
 Unlike the aggregator's statistics these grow with the requests: arrays of floats, about 90
 bytes a request (latency, end time, TTFT and ITL when streamed, the seven breakdown components
-when instrumented).
+when instrumented), and 8 more per distinct stage name of the route (at most
+:data:`MAX_STAGES`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = ["MAX_ROUTES", "RouteCollector", "RouteValues"]
 
 #: Distinct routes kept; later ones are pooled, as the analyzer pools them.
 MAX_ROUTES = 500
+#: Distinct stage names kept per route (for the change made's stage); later ones are not.
+MAX_STAGES = 64
 
 
 class RouteValues:
@@ -29,9 +32,11 @@ class RouteValues:
             latest end. ttft / itl: TTFT and ITL (each request's p95 gap, the report's
             ``streaming.itl_ms``) of streamed requests. parts: the breakdown of instrumented
             requests, one array per ``BREAKDOWN_KEYS`` item. errors: requests in error.
+            stages: stage name -> each request's wall ms in stages of that name (0 for a
+            request without one), for the change made's stage (``stage_ms``).
     """
 
-    __slots__ = ("ends", "errors", "first_ns", "itl", "last_ns", "parts", "ttft", "wall")
+    __slots__ = ("ends", "errors", "first_ns", "itl", "last_ns", "parts", "stages", "ttft", "wall")
 
     def __init__(self) -> None:
         self.wall = array("d")
@@ -39,12 +44,14 @@ class RouteValues:
         self.ttft = array("d")
         self.itl = array("d")
         self.parts = [array("d") for _ in BREAKDOWN_KEYS]
+        self.stages: dict[str, array[float]] = {}
         self.errors = 0
         self.first_ns: int | None = None
         self.last_ns: int | None = None
 
     def add(self, req: RequestRecord) -> None:
-        """Keep one request's values. Cost: O(stages) for its breakdown."""
+        """Keep one request's values. Cost: O(stages) for its breakdown and stage times."""
+        self._add_stages(req)
         self.wall.append(req.wall_ms)
         self.ends.append(float(req.end_ns))
         if self.first_ns is None or req.start_ns < self.first_ns:
@@ -62,6 +69,16 @@ class RouteValues:
         if parts is not None:
             for values, value in zip(self.parts, parts, strict=True):
                 values.append(value)
+
+    def _add_stages(self, req: RequestRecord) -> None:
+        own: dict[str, float] = {}
+        for st in req.stages:
+            own[st.name] = own.get(st.name, 0.0) + st.wall_ms
+        for name in own:
+            if name not in self.stages and len(self.stages) < MAX_STAGES:
+                self.stages[name] = array("d", bytes(8 * len(self.wall)))  # 0 for earlier requests
+        for name, values in self.stages.items():
+            values.append(own.get(name, 0.0))
 
     def rates(self) -> list[float]:
         """Completions per second in bins of the active window (:func:`bin_rates`)."""
