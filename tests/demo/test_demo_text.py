@@ -56,8 +56,8 @@ def test_the_outcome_labels_each_before_and_places_the_measured_after(tmp_path: 
     assert lines[2].split()[:8] == ["projected", "(replayed)", "before", f"{replayed:.0f}", "ms",
                                     "after", f"{projected:.0f}", "ms"]  # fmt: skip
     assert f"range {low:.0f}-{high:.0f} ms" in lines[2]
-    assert lines[3].startswith(f"  the measured after is {where} the projected range")
-    assert f"{100 * (replayed / 422 - 1):+.1f}% from the measured" in lines[3]
+    assert lines[3] == f"  the measured after is {where} the projected range"
+    assert f"replayed: {100 * (replayed / 422 - 1):+.1f}% from the measured one" in lines[4]
 
 
 def test_the_outcome_of_a_fix_without_projection(tmp_path: Path) -> None:

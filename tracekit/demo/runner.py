@@ -429,8 +429,9 @@ def outcome(name: str, finding: Any, comparison: dict[str, Any], concurrency: in
         where = "inside the projected range"
     else:
         where = f"{'above' if after > high else 'below'} the projected range"
-    lines.append(f"  the measured after is {where} (the projected before is the recording replayed, "
-                 f"{100 * (b / before - 1):+.1f}% from the measured)")  # fmt: skip
+    lines.append(f"  the measured after is {where}")
+    lines.append(f"  (the projected before is the recording replayed: {100 * (b / before - 1):+.1f}% "
+                 f"from the measured one)")  # fmt: skip
     return lines
 
 
