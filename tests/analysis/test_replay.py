@@ -109,8 +109,8 @@ def test_a_streamed_call_holds_the_server_for_the_servers_own_time() -> None:
     # steps here, while the server said it worked 30 ms for it (prefill and decode). Three
     # calls at once: the server takes them 30 ms apart, each stream lasts its 30 ms at least
     # (the chunks cannot come before the server made them). Held for the delays alone, the
-    # server was free 13.6 ms early each time (the demo's streams: 12 ms short, median; its
-    # replayed queue fell short and the projection was declined one run in three).
+    # server was free 13.6 ms early each time (as on the demo's streams: its replayed queue
+    # fell short of the recorded one).
     stream = [(DELAY, 8.0), *[(LOOP, 0.1, 0.0), (DELAY, 2.0)] * 4, (LOOP, 0.1, 0.0)]
     held = hold_after_queue(stream, "model", 0.0, service_ms=30.0)
     ends = _ends([held, held, held], caps={"model": 1})

@@ -195,9 +195,9 @@ def hold_after_queue(
     delays are what is left of its wall time once its consumer's work and its waits for the
     loop (replayed elsewhere: the consumer beside the stage, the waits anew) are taken out.
     Held through those delays alone, a streamed call freed the demo's one-at-a-time server
-    12 ms (median; up to 28) before the server's own span ended, and the projection was
-    declined about one run in three. The stage's steps run beside the server's time, so
-    neither waits for the other: held max(service, the steps and delays)."""
+    before the server's own span ended, and its replayed queue fell short (docs/analyzer-rules.md,
+    "The projection model"). The server is given back after ``service_ms`` (a HOLD with a set
+    time); the stage's steps run beside that time and it lasts at least as long."""
     delays = [k for k, node in enumerate(items) if node[0] == DELAY]
     if not delays:
         return [(HOLD, key, items)]
