@@ -6,6 +6,7 @@ another, with the installed command) and prints a line per run:
 - the findings in report order, ``rule:stage(impact ms)``, ``+rule`` for a symptom folded in;
   ``story`` is ``ok`` when the report flags each of the demo's five seeded problems with the
   right rule and stage and nothing else (as ``tests/demo/test_demo_command.py`` checks);
+- the p95 CPU on the loop of the seeded stages (``cpu-on-loop`` needs 10 ms or more);
 - for the top finding, the replay's before against the measured one (p50 and p95): the
   replay it projects from (for ``serialized-model-calls``, the recording replayed with the
   model server taking one call at a time), or ``declined`` with the note's figures;
@@ -58,6 +59,9 @@ def read(folder: Path) -> dict[str, Any]:
         "story": "ok" if not missing and not extra and len(flagged) == len(SEEDED) else
                  f"missing {missing} extra {extra} (or one twice)",  # fmt: skip
         "top": f"{top.rule}:{top.stage}",
+        # cpu-on-loop needs a stage's p95 CPU on the loop at 10 ms or more: the seeds' margin.
+        "cpu_p95": {s["stage"]: s["cpu_ms"]["p95"] for s in route["stages"]
+                    if s["stage"] in ("tokenize", "guardrail", "serialize")},  # fmt: skip
         "measured_before": {q: measured[q] for q in ("p50", "p95")},
     }
     if top.projection:
@@ -75,7 +79,8 @@ def read(folder: Path) -> dict[str, Any]:
 
 
 def line(row: dict[str, Any]) -> str:
-    out = f"{row['run']}: {' '.join(row['findings'])} | story {row['story']} | "
+    out = f"{row['run']}: {' '.join(row['findings'])} | story {row['story']} | cpu p95 "
+    out += " ".join(f"{stage} {ms:.1f}" for stage, ms in row["cpu_p95"].items()) + " | "
     if "replay_error" in row:
         e = row["replay_error"]
         out += f"replayed before p50 {e['p50']:+.1%} p95 {e['p95']:+.1%}"

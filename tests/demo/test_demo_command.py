@@ -92,7 +92,10 @@ def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path)
         assert re.search(r"projected \(replayed\) before +\d+ ms +after +\d+ ms +range \d+-\d+ ms", stdout)
     if top["projection"]:
         # A projected fix that works: measured p95 better after than before (the direction
-        # only: the values move with the host's load).
+        # only: the values move with the host's load). Not "inside the projected range": on
+        # this busy 2-core host the fixed run's p95 was inside it in 3 of 14 projected runs,
+        # above it in 10 (bench/demo_projection.py; docs/analyzer-rules.md, "The projection
+        # model", has why).
         assert p95["after"] < p95["before"], (top["projection"], p95)
     else:
         assert "has no projection (the report says why)" in stdout

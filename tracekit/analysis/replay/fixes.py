@@ -104,8 +104,9 @@ class ModelCall:
         queue_in_ms: waiting inside the stage (the server's own queue).
         wrap_stage: hold the resource for the whole stage (a lock around the call) rather
             than for the model's answer only.
-        service_ms: the server's own time on the call (prefill and decode, from its span),
-            the least the call holds it; ``None`` when the server did not say.
+        service_ms: the server's own time on the call (prefill and decode, from its span):
+            the call holds the server that long (its stage lasts at least as long); ``None``
+            when the server did not say.
     """
 
     key: str

@@ -11,10 +11,10 @@ A request is a *program*: a list of nodes, run in order by a cursor.
 ``(CPU, ms, gil)``        CPU on the thread that holds a :data:`HOLD` slot (a pool worker),
                           holding the GIL when ``gil`` is true.
 ``(HOLD, key, items)``    take one slot of resource ``key`` (FIFO; the thread pool, the process
-                          pool, a model server, a lock), run ``items``, give it back.
-``(HOLD, key, items, ms)`` the same, but the slot is given back ``ms`` after it was taken (or
-                          when ``items`` end, if sooner): a server busy for its own service
-                          time, whatever its caller does meanwhile.
+                          pool, a model server, a lock), run ``items``, give it back. With a
+                          fourth element ``ms``, the slot is given back ``ms`` after it was
+                          taken, or when ``items`` end if sooner: a server busy for its own
+                          service time, whatever its caller does meanwhile.
 ``(PAR, branches)``       run each branch (a list of nodes) concurrently; continue when all end.
 ========================  =================================================================
 
