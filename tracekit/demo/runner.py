@@ -67,7 +67,11 @@ SWITCH_WORDS = {
                 f"--batch-cost {BATCH_COST}, not --serial)",  # fmt: skip
 }
 #: (words in the prompt, share of requests): a question, a page of context, a long document.
-PROMPT_SIZES = ((60, 0.4), (1500, 0.4), (10000, 0.2))
+#: The long ones set each seeded stage's p95 CPU, which ``cpu-on-loop`` needs at 10 ms or more:
+#: at 10,000 words (~16,000 tokens) the reply's JSON took 11.1-20.0 ms at p95 over 18 runs on
+#: this 2-core host, too near that line for a faster one; at 16,000 (~25,500 tokens) 18.4-23.4
+#: ms over 6, and the tokenizer 22.7-27.0 (``bench/demo_projection.py``).
+PROMPT_SIZES = ((60, 0.4), (1500, 0.4), (16000, 0.2))
 #: Each client's pause between an answer and its next request (a user reading the answer;
 #: constant, as the analyzer's replay assumes of closed-loop clients). Without it the clients
 #: keep the one-sequence model server busy without a break, no call is ever seen alone, and the
