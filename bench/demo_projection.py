@@ -11,7 +11,10 @@ another, with the installed command) and prints a line per run:
   replay it projects from (for ``serialized-model-calls``, the recording replayed with the
   model server taking one call at a time), or ``declined`` with the note's figures;
 - the measured p95 before and after the fix (``compare.json``) and the projected after with
-  its range: ``inside``, ``above`` or ``below``.
+  its range: ``inside``, ``above`` or ``below``;
+- how regular the requests' arrivals were before and after the fix: the coefficient of
+  variation of the gaps between request starts (the slow run's clients are paced by the
+  one-at-a-time server; the replay keeps those arrival times for the projected after).
 
 The findings and the projection are those of the code on ``PYTHONPATH`` (``before.jsonl`` is
 analyzed again), so two versions of the replay can be compared on the same recordings; the
@@ -24,8 +27,10 @@ Run: ``python bench/demo_projection.py --run 6 --requests 80 --out /tmp/demo-run
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +80,16 @@ def read(folder: Path) -> dict[str, Any]:
     if compared.exists():
         p95 = json.loads(compared.read_text())["routes"][0]["latency_ms"]["p95"]
         row["measured_p95"] = [p95["before"], p95["after"]]
+        after = analyze(str(folder / "after.jsonl"))
+        row["arrival_cv"] = [arrival_cv(report.sample), arrival_cv(after.sample)]
     return row
+
+
+def arrival_cv(requests: Any) -> float:
+    """The coefficient of variation of the gaps between request starts (1 for Poisson)."""
+    starts = sorted(r.start_ns for r in requests)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    return statistics.pstdev(gaps) / statistics.mean(gaps)
 
 
 def line(row: dict[str, Any]) -> str:
@@ -94,6 +108,7 @@ def line(row: dict[str, Any]) -> str:
             point, low, high = row["projected_p95"]
             where = "inside" if low <= after <= high else ("above" if after > high else "below")
             out += f", projected {point:.0f} [{low:.0f}-{high:.0f}]: {where}"
+        out += " | arrival gaps cv {:.2f} -> {:.2f}".format(*row["arrival_cv"])
     return out
 
 
