@@ -14,7 +14,11 @@ another, with the installed command) and prints a line per run:
   its range: ``inside``, ``above`` or ``below``;
 - how regular the requests' arrivals were before and after the fix: the coefficient of
   variation of the gaps between request starts (the slow run's clients are paced by the
-  one-at-a-time server; the replay keeps those arrival times for the projected after).
+  one-at-a-time server; the replay keeps those arrival times for the projected after);
+- the model calls' p95 before and after the fix, as the replay takes them from the slow run:
+  the server's own time (prefill and decode, its span) and the call's time outside the server
+  and the gateway's loop (sending, the server's API layer, the answer's way back), and the
+  gateway's loop waits per request.
 
 The findings and the projection are those of the code on ``PYTHONPATH`` (``before.jsonl`` is
 analyzed again), so two versions of the replay can be compared on the same recordings; the
@@ -82,7 +86,24 @@ def read(folder: Path) -> dict[str, Any]:
         row["measured_p95"] = [p95["before"], p95["after"]]
         after = analyze(str(folder / "after.jsonl"))
         row["arrival_cv"] = [arrival_cv(report.sample), arrival_cv(after.sample)]
+        row["calls_p95"] = [model_calls_p95(report.sample), model_calls_p95(after.sample)]
     return row
+
+
+def model_calls_p95(requests: Any) -> tuple[float, float, float]:
+    """p95 over the requests of (the server's prefill + decode, the model call's time outside
+    the server and the gateway's loop, the request's loop waits), ms."""
+    from tracekit._percentile import percentile
+
+    inference, outside, waits = [], [], []
+    for req in requests:
+        for stage in req.stages:
+            if stage.name == "model" and stage.server is not None:
+                server = stage.server
+                inference.append(server.prefill_ms + server.decode_ms)
+                outside.append(stage.wall_ms - (stage.loop_wait_ms or 0.0) - server.queue_ms - inference[-1])
+        waits.append(req.loop_wait_ms or 0.0)
+    return percentile(inference, 0.95), percentile(outside, 0.95), percentile(waits, 0.95)
 
 
 def arrival_cv(requests: Any) -> float:
@@ -109,6 +130,9 @@ def line(row: dict[str, Any]) -> str:
             where = "inside" if low <= after <= high else ("above" if after > high else "below")
             out += f", projected {point:.0f} [{low:.0f}-{high:.0f}]: {where}"
         out += " | arrival gaps cv {:.2f} -> {:.2f}".format(*row["arrival_cv"])
+        (i0, o0, w0), (i1, o1, w1) = row["calls_p95"]
+        out += f" | p95 server {i0:.0f} -> {i1:.0f}, outside {o0:.0f} -> {o1:.0f}, "
+        out += f"loop waits {w0:.0f} -> {w1:.0f}"
     return out
 
 
