@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -404,11 +405,12 @@ def replay_note(report: Any, finding: Any) -> str | None:
     if not validation.get("ok") or "could not reproduce" not in note:
         return None
     p50, p95 = validation.get("p50_error"), validation.get("p95_error")
-    return (
+    return textwrap.fill(
         f"note: the header's validation replayed the recording as it was (p50 {p50:+.1%}, "
-        f"p95 {p95:+.1%}); {finding.rule}'s projection replays it with the model server taking "
-        f"one call at a time, which did not reproduce the measured latency (its note above), so "
-        f"its fix is measured below without a projection"
+        f"p95 {p95:+.1%}); the {finding.rule} projection replays it with the model server "
+        f"taking one call at a time, which did not reproduce the measured latency (its note "
+        f"above), so its fix is measured below without a projection",
+        width=100, subsequent_indent="  ",
     )
 
 
