@@ -210,6 +210,9 @@ def add_demo_command(subparsers: argparse._SubParsersAction[_Parser]) -> None:
                    help="also send the traces to OTEL_EXPORTER_OTLP_ENDPOINT (Jaeger, Phoenix)")  # fmt: skip
     p.add_argument("--keep-running", action="store_true",
                    help="then leave the gateway up to explore, until Ctrl-C")  # fmt: skip
+    p.add_argument("--cores", type=_positive_int, default=None, metavar="N",
+                   help="CPU cores of the gateway host for the replay, as in analyze "
+                        "(default: the trace's, which the demo gateway records)")  # fmt: skip
     p.set_defaults(handler=_run_demo)
 
 
@@ -421,7 +424,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     from tracekit.demo.runner import Options, run
 
-    return run(Options(Path(args.out), args.requests, args.concurrency, args.otlp, args.keep_running))
+    return run(Options(Path(args.out), args.requests, args.concurrency, args.otlp, args.keep_running,
+                       args.cores))  # fmt: skip
 
 
 def _is_http_url(text: str) -> bool:

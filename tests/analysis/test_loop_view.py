@@ -265,6 +265,19 @@ def test_short_young_collections_are_not_a_finding() -> None:
     assert "gc-pauses" not in [f.rule for f in analyze_spans(spans).findings]
 
 
+def test_a_young_pause_the_host_stretched_is_not_a_finding() -> None:
+    # A demo run on a busy host: one generation-0 collection took 18.4 ms of wall time in a
+    # window whose collections held 1.45 ms of GC CPU in 19.7 ms (the thread lost its core
+    # inside it); no gc.freeze() or threshold shortens that. The same pause with its CPU fires.
+    def spans(gc_cpu: float) -> list[Span]:
+        return [*_windows(4, requests=300.0, gc_cpu=gc_cpu, gc_ms=19.7, gc_counts=(17, 1, 0),
+                          gc_max=(18.4, 0), probes=100, lag=(0.5, 2.0, 20.0)),
+                *_traffic(4, 20, [("tokenize", 2.0, 0.0)], gc=0.5)]  # fmt: skip
+
+    assert "gc-pauses" not in [f.rule for f in analyze_spans(spans(1.45)).findings]
+    assert "gc-pauses" in [f.rule for f in analyze_spans(spans(19.0)).findings]
+
+
 def test_a_gc_pause_inside_a_stage_is_not_a_blocking_call_of_the_stage() -> None:
     # The stage held the loop 31 ms: 1 ms of CPU and a 30 ms collection. Without the GC
     # attribute the same record is a blocking call; with it, no stage rule fires.

@@ -265,7 +265,9 @@ def test_the_engines_steps_keep_their_length_on_uvloops_millisecond_timers(runni
 
     asked = 0.0025 * (1 + 0.05 * (running - 1))
     for step in uvloop.run(run()):
-        assert step == pytest.approx(asked, rel=0.08)  # a late loop makes it longer, never shorter
+        # Never shorter (the millisecond timers made 2.5 ms steps 2.2 ms); a late loop on a busy
+        # host makes them longer (seen: +8% under the parallel suite), so only a wide upper bound.
+        assert asked * 0.95 <= step <= asked * 1.5
 
 
 def test_a_streamed_reply_ends_with_its_span_and_no_traceparent_starts_a_trace(otlp: Collector) -> None:

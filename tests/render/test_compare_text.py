@@ -42,9 +42,13 @@ def test_the_table_and_the_verdicts() -> None:
     assert "(a p99 interval needs 500 values a side)" in text
     assert not any(line.lstrip().startswith("gc ") for line in lines)  # zero in both runs
     assert "  → cpu-on-loop · tokenize · selected · missed · not found in after" in lines
-    # p50: projected -40%, measured -20%: short by 20 points of BEFORE.
-    assert "p50  projected -40.0%, measured -20.0% [-25.0%, -15.0%]: missed by 20.0% (short)" in text
-    assert "p95  projected -25.0%, measured +2.0% [-3.0%, +7.0%]: missed by 27.0% (short)" in text
+    # p50: projected -40%, measured -20%: short by 20 points of BEFORE. Each change with the
+    # values it is from: the replay's before (the recording replayed) is not the measured one.
+    words = " ".join(text.split())  # the lines wrap at 100 columns
+    assert ("p50 projected -40.0% (replayed 100 → 60.0 ms), measured -20.0% [-25.0%, -15.0%] "
+            "(100 → 80.0 ms): missed by 20.0% (short)") in words  # fmt: skip
+    assert ("p95 projected -25.0% (replayed 200 → 150 ms), measured +2.0% [-3.0%, +7.0%] "
+            "(200 → 204 ms): missed by 27.0% (short)") in words  # fmt: skip
     stage = next(line for line in lines if "stage ms/request" in line)
     assert stage.split()[2:6] == ["100", "80.0", "-20.0", "(-20.0%)"]
     assert lines[-1] == "Only in before: GET /health"

@@ -66,8 +66,9 @@ FIXES = ("tokenize", "guardrail", "overlap", "serialize")
 MODEL_URL = os.environ.get("MODEL_URL", "http://127.0.0.1:8001")
 #: Passes of the guardrail's patterns: ~15 ms of Python CPU per request on one core.
 GUARDRAIL_ROUNDS = int(os.environ.get("GUARDRAIL_ROUNDS", "60"))
-#: Prompt tokens the reply echoes (a gateway caps what it returns).
-ECHO_TOKENS = 16384
+#: Prompt tokens the reply echoes (a gateway caps what it returns; above the demo's longest
+#: prompts, ~25,500 tokens).
+ECHO_TOKENS = 32768
 #: The stand-in log-probabilities, one per token id (see with_prompt_tokens).
 LOGPROBS = [-math.log(1.5 + (i * 7919) % 401) / 3.0 for i in range(512)]
 

@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,12 +68,17 @@ SWITCH_WORDS = {
                 f"--batch-cost {BATCH_COST}, not --serial)",  # fmt: skip
 }
 #: (words in the prompt, share of requests): a question, a page of context, a long document.
-PROMPT_SIZES = ((60, 0.4), (1500, 0.4), (10000, 0.2))
+#: The long ones set each seeded stage's p95 CPU, which ``cpu-on-loop`` needs at 10 ms or more:
+#: at 10,000 words (~16,000 tokens) the reply's JSON took 11.1-20.0 ms at p95 over 18 runs on
+#: this 2-core host, too near that line for a faster one; at 16,000 (~25,500 tokens) 18.4-23.4
+#: ms over 6, and the tokenizer 22.7-27.0 (``bench/demo_projection.py``).
+PROMPT_SIZES = ((60, 0.4), (1500, 0.4), (16000, 0.2))
 #: Each client's pause between an answer and its next request (a user reading the answer;
-#: constant, as the analyzer's replay assumes of closed-loop clients). Without it the clients
-#: keep the one-sequence model server busy without a break, no call is ever seen alone, and the
-#: serialized-model-calls rule has no uncontended call to compare with (8 clients, 0.8 s: the
-#: server is busy about half the time).
+#: constant; the analyzer's replay reads such clients as open arrivals, their pause being
+#: longer than its closed-loop gap). Without it the clients keep the one-sequence model server
+#: busy without a break, no call is ever seen alone, and the serialized-model-calls rule has no
+#: uncontended call to compare with (8 clients, 0.8 s: the server busy ~90% of the time, 7.5
+#: requests/s x ~117 ms of prefill and decode each, ``tracekit analyze DIR/before.jsonl``).
 THINK_S = 0.8
 STARTUP_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
@@ -260,6 +266,9 @@ class Options:
     concurrency: int = 8
     otlp: bool = False
     keep_running: bool = False
+    #: The gateway host's cores for the replay (``tracekit analyze --cores``); ``None``: the
+    #: trace's (the gateway records the CPUs it may run on).
+    cores: int | None = None
 
 
 def start_servers(options: Options, services: Services, traces: Path, switch: str | None) -> int:
@@ -339,7 +348,7 @@ def run(options: Options) -> int:
             print(f"  traces also go to {endpoint} (OTLP)", flush=True)
         run_load(options, services, "before", before, None)
         print("analysing the traces ...", flush=True)
-        report = analyze(str(before))
+        report = analyze(str(before), cores=options.cores)
         text = report.to_text(width=100)
         print("\n" + text, flush=True)
         write_output(str(options.out / "report.html"), report.to_html())
@@ -352,6 +361,9 @@ def run(options: Options) -> int:
             return 0
         finding, switch = chosen
         name = f"{finding.rule}:{finding.stage}"
+        note = replay_note(report, finding)
+        if note:
+            print(note, flush=True)
         print(f"\napplying the fix of {name}: {SWITCH_WORDS[switch]}; the same load again",
               flush=True)  # fmt: skip
         run_load(options, services, "after", after, switch)
@@ -359,22 +371,77 @@ def run(options: Options) -> int:
         if not finding.projection:
             print(f"  {name} has no projection (the report says why): the measured change only")
         if finding.projection:
-            comparison = compare(str(before), str(after), finding=name)
+            comparison = compare(str(before), str(after), finding=name, cores=options.cores)
         else:
             # compare checks projected findings only, and would check another one's (the top
             # projected) against this change: the measured change alone, under this name.
-            comparison = dataclasses.replace(compare(str(before), str(after)), finding=name)
+            comparison = dataclasses.replace(compare(str(before), str(after), cores=options.cores),
+                                             finding=name)  # fmt: skip
             for route in comparison.routes:
                 route.projections = []
         print("\n" + comparison.to_text(width=100), flush=True)
         write_output(str(options.out / "compare.json"), comparison.to_json() + "\n")
         print(f"comparison: {options.out / 'compare.json'}   traces: {after}", flush=True)
+        print("\n" + "\n".join(outcome(name, finding, comparison.to_dict(), options.concurrency)), flush=True)
         if options.keep_running:
             keep_running(options, services)
         return 0
     finally:
         services.stop_all()
         signal.signal(signal.SIGTERM, previous)
+
+
+def replay_note(report: Any, finding: Any) -> str | None:
+    """Why the report's header says the replay validated while ``finding`` has no projection
+    because the replay could not reproduce the route, or ``None`` when they do not disagree.
+
+    They are two replays: the header's replays the recording as it was (every model call
+    waits as long as it did); a model-server finding's replays it with the server taking one
+    call at a time, the queue made anew, which is the replay its fix is projected from."""
+    validation = report.validation or {}
+    note = finding.projection_note or ""
+    if finding.rule != "serialized-model-calls" or finding.projection:
+        return None  # other findings project from the header's replay itself
+    if not validation.get("ok") or "could not reproduce" not in note:
+        return None
+    p50, p95 = validation.get("p50_error"), validation.get("p95_error")
+    return textwrap.fill(
+        f"note: the header's validation replayed the recording as it was (p50 {p50:+.1%}, "
+        f"p95 {p95:+.1%}); the {finding.rule} projection replays it with the model server "
+        f"taking one call at a time, which did not reproduce the measured latency (its note "
+        f"above), so its fix is measured below without a projection",
+        width=100, subsequent_indent="  ",
+    )
+
+
+def outcome(name: str, finding: Any, comparison: dict[str, Any], concurrency: int) -> list[str]:
+    """The demo's last lines: the p95 measured before and after the fix, beside the projected
+    one (its before is the replay's, not the measurement), and whether it landed in range."""
+    routes = comparison.get("routes") or []
+    if not routes:
+        return [f"{name}: no route measured in both runs"]
+    p95 = routes[0]["latency_ms"]["p95"]
+    before, after = p95["before"], p95["after"]
+    lines = [
+        f"the fix of {name}, p95 latency at {concurrency} clients:",
+        f"  measured             before {before:7.0f} ms   after {after:7.0f} ms   "
+        f"{100 * (after / before - 1):+.1f}%",
+    ]
+    projection = finding.projection
+    if not projection:
+        lines.append("  projected            none (the finding's note says why)")
+        return lines
+    (b, a), (low, high) = projection["p95_ms"], projection["range"]["p95_ms"]
+    lines.append(f"  projected (replayed) before {b:7.0f} ms   after {a:7.0f} ms   "
+                 f"range {low:.0f}-{high:.0f} ms")  # fmt: skip
+    if low <= after <= high:
+        where = "inside the projected range"
+    else:
+        where = f"{'above' if after > high else 'below'} the projected range"
+    lines.append(f"  the measured after is {where}")
+    lines.append(f"  (the projected before is the recording replayed: {100 * (b / before - 1):+.1f}% "
+                 f"from the measured one)")  # fmt: skip
+    return lines
 
 
 def keep_running(options: Options, services: Services) -> None:

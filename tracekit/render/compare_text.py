@@ -188,11 +188,20 @@ class _Renderer:
             projected = f"{low:+.1f}%" if low == high else f"{low:+.1f}% {self.g.arrow} {high:+.1f}%"
         else:
             projected = "-"
+        # The projected change starts from the replay's BEFORE (the recording replayed), which
+        # is not the measured BEFORE: both are shown, each with its own values.
+        unit = " req/s" if m.get("metric") == "throughput_rps" else " ms"
+        values = m.get("projected")
+        if _is_pair(values):
+            projected += f" (replayed {fmt_ms(values[0])} {self.g.arrow} {fmt_ms(values[1])}{unit})"
         measured = m.get("measured_change_pct")
         shown = f"{measured:+.1f}%" if _is_number(measured) else "-"
         ci = m.get("measured_ci_pct")
         if _is_pair(ci):
             shown += f" [{ci[0]:+.1f}%, {ci[1]:+.1f}%]"
+        values = m.get("measured")
+        if _is_pair(values):
+            shown += f" ({fmt_ms(values[0])} {self.g.arrow} {fmt_ms(values[1])}{unit})"
         verdict = str(m.get("verdict"))
         said = verdict
         if verdict in ("missed", "wrong direction") and _is_number(m.get("missed_by_pct")):

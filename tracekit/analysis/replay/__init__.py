@@ -385,6 +385,7 @@ class Replayer:
                     queue_out_ms=outside / _MS,
                     queue_in_ms=(call.queue_ns - outside) / _MS if server is None else server.queue_ms,
                     wrap_stage=fix.queue == "outside",
+                    service_ms=None if server is None else server.prefill_ms + server.decode_ms,
                 )
         return out
 

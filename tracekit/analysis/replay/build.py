@@ -391,7 +391,7 @@ class ProgramBuilder:
             return items
         if call.wrap_stage:
             return [(HOLD, call.key, shrink_largest_delay(items, call.queue_in_ms))]
-        return hold_after_queue(items, call.key, call.queue_in_ms)
+        return hold_after_queue(items, call.key, call.queue_in_ms, call.service_ms)
 
 
 def _waits_in(waits: list[Interval], start: int, end: int) -> bool:

@@ -104,12 +104,16 @@ class ModelCall:
         queue_in_ms: waiting inside the stage (the server's own queue).
         wrap_stage: hold the resource for the whole stage (a lock around the call) rather
             than for the model's answer only.
+        service_ms: the server's own time on the call (prefill and decode, from its span):
+            the call holds the server that long (its stage lasts at least as long); ``None``
+            when the server did not say.
     """
 
     key: str
     queue_out_ms: float
     queue_in_ms: float
     wrap_stage: bool
+    service_ms: float | None = None
 
 
 def targets(fix: Fix | None, stage: StageRecord | None) -> bool:

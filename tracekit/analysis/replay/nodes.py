@@ -13,7 +13,7 @@ from operator import itemgetter
 
 from tracekit import semconv
 from tracekit.analysis.model import StageRecord
-from tracekit.analysis.replay.sim import DELAY, HOLD, LOOP, Node
+from tracekit.analysis.replay.sim import DELAY, HOLD, LOOP, PAR, Node
 from tracekit.analysis.stats.intervals import Interval, overlap
 
 MS = 1e6
@@ -174,7 +174,9 @@ def shrink_largest_delay(items: list[Node], by_ms: float) -> list[Node]:
     return out
 
 
-def hold_after_queue(items: list[Node], key: str, queue_ms: float) -> list[Node]:
+def hold_after_queue(
+    items: list[Node], key: str, queue_ms: float, service_ms: float | None = None
+) -> list[Node]:
     """``items`` holding resource ``key`` (a one-at-a-time model server) from where their
     first ``queue_ms`` of delays ends through their last delay; all of them when there is
     no delay. The queueing comes off those first delays: the replay makes its own, waiting
@@ -186,7 +188,16 @@ def hold_after_queue(items: list[Node], key: str, queue_ms: float) -> list[Node]
     often the last (the decode), which left the server free for the rest of each stream.
     Either way the replayed serial server's queue fell short of the recorded one (the demo's
     serial server, a quarter of its calls streamed: simulated p95 21-27% short, no
-    projection)."""
+    projection).
+
+    For at least ``service_ms`` (the server's own prefill and decode, when its span said): a
+    server decodes at its own pace while the gateway passes the chunks on, and the stage's
+    delays are what is left of its wall time once its consumer's work and its waits for the
+    loop (replayed elsewhere: the consumer beside the stage, the waits anew) are taken out.
+    Held through those delays alone, a streamed call freed the demo's one-at-a-time server
+    before the server's own span ended, and its replayed queue fell short (docs/analyzer-rules.md,
+    "The projection model"). The server is given back after ``service_ms`` (a HOLD with a set
+    time); the stage's steps run beside that time and it lasts at least as long."""
     delays = [k for k, node in enumerate(items) if node[0] == DELAY]
     if not delays:
         return [(HOLD, key, items)]
@@ -201,4 +212,14 @@ def hold_after_queue(items: list[Node], key: str, queue_ms: float) -> list[Node]
             start = k
             break
     last = delays[-1]
-    return [*out[:start], (HOLD, key, out[start : last + 1]), *out[last + 1 :]]
+    held = out[start : last + 1]
+    if service_ms is None:
+        return [*out[:start], (HOLD, key, held), *out[last + 1 :]]
+    # The server is free once its own time is up; the stage goes on for at least that long.
+    *steps, tail = held  # the last delay: the last token's way back
+    rest = service_ms - tail[1]
+    if not steps:
+        held = [(DELAY, max(tail[1], service_ms))]
+    elif rest > 0:
+        held = [(PAR, [[(DELAY, rest)], steps]), tail]
+    return [*out[:start], (HOLD, key, held, service_ms), *out[last + 1 :]]

@@ -11,7 +11,10 @@ A request is a *program*: a list of nodes, run in order by a cursor.
 ``(CPU, ms, gil)``        CPU on the thread that holds a :data:`HOLD` slot (a pool worker),
                           holding the GIL when ``gil`` is true.
 ``(HOLD, key, items)``    take one slot of resource ``key`` (FIFO; the thread pool, the process
-                          pool, a model server, a lock), run ``items``, give it back.
+                          pool, a model server, a lock), run ``items``, give it back. With a
+                          fourth element ``ms``, the slot is given back ``ms`` after it was
+                          taken, or when ``items`` end if sooner: a server busy for its own
+                          service time, whatever its caller does meanwhile.
 ``(PAR, branches)``       run each branch (a list of nodes) concurrently; continue when all end.
 ========================  =================================================================
 
@@ -57,7 +60,7 @@ _INF = math.inf
 
 
 class _Cursor:
-    __slots__ = ("i", "io", "items", "parent", "release", "req")
+    __slots__ = ("free_ms", "i", "io", "items", "parent", "release", "req")
 
     def __init__(self, items: Sequence[Node], parent: Any, release: Any, req: int) -> None:
         self.items = items
@@ -66,6 +69,7 @@ class _Cursor:
         self.release = release  # the _Resource this cursor holds a slot of, or None
         self.req = req
         self.io = False  # its next loop step was made ready by I/O or a timer
+        self.free_ms: float | None = None  # its slot is given back this long after it is taken
 
 
 class _Join:
@@ -346,8 +350,11 @@ class Simulation:
             if tag == HOLD:
                 res = self._resource(node[1])
                 child = _Cursor(node[2], cursor, res, cursor.req)
+                if len(node) > 3:
+                    child.free_ms = node[3]
                 if res.capacity is None or res.busy < res.capacity:
                     res.busy += 1
+                    self._taken(child)
                     cursor = child
                     continue
                 res.queue.append(child)
@@ -359,13 +366,25 @@ class Simulation:
                 self._at(self.now, self._step, _Cursor(branch, join, None, cursor.req))
             return
 
-    def _end(self, cursor: _Cursor) -> None:
+    def _taken(self, cursor: _Cursor) -> None:
+        # A slot was taken for ``cursor``: one it holds for a set time is given back then.
+        if cursor.free_ms is not None:
+            self._at(self.now + cursor.free_ms, self._free, cursor)
+
+    def _free(self, cursor: _Cursor) -> None:
         res = cursor.release
-        if res is not None:
+        if res is not None:  # not given back already (its items ended first)
+            cursor.release = None
             res.busy -= 1
             if res.queue:
                 res.busy += 1
-                self._at(self.now, self._step, res.queue.popleft())
+                waiting = res.queue.popleft()
+                self._taken(waiting)
+                self._at(self.now, self._step, waiting)
+
+    def _end(self, cursor: _Cursor) -> None:
+        res = cursor.release
+        self._free(cursor)
         parent = cursor.parent
         if parent is None:
             self._ends[cursor.req] = self.now
