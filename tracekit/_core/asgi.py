@@ -195,6 +195,9 @@ def enrich(request: Request) -> None:
     from tracekit._export import span_attributes
 
     try:
+        # The span ends on this send, inside the request's step: its CPU so far is booked
+        # first (else a request answered in one step would show no CPU at all).
+        ledger.book_open_steps(event_loop.thread_state(), request)
         if request.end == 0:
             request.end = clock.wall_ns()  # provisional: the span ends with this send
         request.enrich.set_attributes(span_attributes.request_attributes(request))

@@ -234,6 +234,26 @@ def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_
         led.cpu_off += own
 
 
+def book_open_steps(state: event_loop.ThreadState, request: Any) -> None:
+    """Book the steps of ``request`` open on this thread up to now: each ends and begins again
+    with the same readings (innermost first, then outermost first), so their CPU so far is in
+    their ledgers. For a server span another instrumentation ends while the request's last
+    step still runs (FastAPI's native telemetry ends it on the response's last send)."""
+    chain: list[Ledger] = []
+    led = state.top
+    while led is not None and led.request is request:
+        chain.append(led)
+        led = led.prev_top
+    if not chain:
+        return
+    now = clock.wall_ns()
+    cpu = event_loop.cpu_now(state, now)
+    for led in chain:
+        step_end(led, state, now, cpu, True)
+    for led in reversed(chain):
+        step_begin(led, state, now, cpu)
+
+
 def switch(state: event_loop.ThreadState, outer: Ledger | None, inner: Ledger | None,
            on_loop: bool) -> int:  # fmt: skip
     """End ``outer``'s open step and begin ``inner``'s with the same readings (either may be
