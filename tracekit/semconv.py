@@ -117,6 +117,8 @@ LOOP_GC_MS: Final = "tracekit.loop.gc_ms"  # wall time of the collections
 LOOP_GC_COUNTS: Final = "tracekit.loop.gc_counts"  # collections per generation [0, 1, 2]
 LOOP_GC_MAX_MS: Final = "tracekit.loop.gc_max_ms"  # the longest collection (most CPU): its wall
 LOOP_GC_MAX_CPU_MS: Final = "tracekit.loop.gc_max_cpu_ms"  # ... and its CPU
+# Time the loop thread was ready to run but waited for a CPU (Linux run-queue delay)
+LOOP_RUNQUEUE_MS: Final = "tracekit.loop.runqueue_ms"
 LOOP_GC_MAX_GENERATION: Final = "tracekit.loop.gc_max_generation"  # its generation
 LOOP_LAG_P50_MS: Final = "tracekit.loop.lag_p50_ms"  # the loop probe: work made ready waits this long
 LOOP_LAG_P95_MS: Final = "tracekit.loop.lag_p95_ms"

@@ -11,6 +11,7 @@ own (so that it does not share the gateway's GIL).
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -173,3 +174,61 @@ def test_background_work_of_no_request_is_reported() -> None:
     found = [f for f in report.findings if f.rule == "background-on-loop"]
     assert len(found) == 1, report.to_text(color=False)
     assert "no traced request owns" in found[0].evidence
+
+
+HOG = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    pass
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.exists("/proc/self/schedstat"),
+                    reason="needs Linux's CPU affinity and scheduler statistics")  # fmt: skip
+def test_a_loop_thread_short_of_cpu_is_told_apart_from_waiting() -> None:
+    # The loop thread and a busy process pinned to one core: the requests' steps run half the
+    # time. The windows' run-queue delay (tracekit.loop.runqueue_ms) must match the requests'
+    # own wall time that was not CPU (a request here only computes), and the report must say
+    # the host is short of CPU.
+    core = max(os.sched_getaffinity(0))
+
+    @tracekit.stage("guardrail")
+    def busy() -> None:
+        spin(80.0)
+
+    async def handler(request: Request) -> JSONResponse:
+        busy()
+        return JSONResponse({"ok": True})
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/v1/chat", handler, methods=["POST"])]))
+    with tracekit.record() as rec:
+        server = Server(app)
+        hog = None
+        try:
+            assert server.thread.native_id is not None
+            os.sched_setaffinity(server.thread.native_id, {core})
+            hog = subprocess.Popen([sys.executable, "-c", HOG, str(core), "30"])
+            time.sleep(0.3)  # the hog is spinning
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                for _ in range(5):
+                    client.post("/v1/chat", content=b"{}").raise_for_status()
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+            time.sleep(SETTLE_S)
+            server.stop()
+        report, spans = rec.report(), rec.spans
+    requests = [s.attributes for s in spans if s.kind.name == "SERVER"]
+    assert len(requests) == 5
+    off_cpu = sum(a[semconv.WALL_MS] - a[semconv.CPU_MS] for a in requests)
+    windows = [s.attributes for s in spans if s.name == semconv.LOOP_SPAN]
+    waited = sum(w.get(semconv.LOOP_RUNQUEUE_MS, 0.0) for w in windows)
+    assert off_cpu > 100, requests  # the hog took the core from the requests
+    # The windows also hold the server's own waits outside the requests (a few ms each).
+    assert 0.8 * off_cpu <= waited <= 1.5 * off_cpu + 50, (waited, off_cpu)
+    (one,) = report.to_dict()["loop"]["loops"]
+    assert one["cpu_wait"]["ms"] == pytest.approx(waited, rel=1e-6)
+    assert "the host is short of CPU" in " ".join(report.to_text(color=False).split())

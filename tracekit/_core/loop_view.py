@@ -26,7 +26,10 @@ into its percentiles. Two callbacks per probe, a few µs each: ~0.05% of the loo
   of no request, the loop's own dispatch.
 
 plus the busy share (thread CPU / window wall time), GC pauses by generation, the longest
-pause, the requests in flight and the tasks alive.
+pause, the requests in flight and the tasks alive, and the time the loop thread was ready to
+run but waited for a CPU (the kernel's run-queue delay, ``/proc/self/task/<tid>/schedstat``,
+where Linux keeps it): on a host short of CPU that time falls inside steps and waits, and
+nothing else tells it from waiting.
 """
 
 from __future__ import annotations
@@ -47,6 +50,28 @@ SAMPLE_MASK: Final = 63
 MAX_LAGS: Final = 1024  # probe measurements kept per window (a probe every 10 ms: 100 a second)
 
 
+def _schedstat_path() -> str | None:
+    # The calling thread's scheduler statistics (Linux): CPU time, run-queue delay, slices.
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    try:
+        with open(path, "rb") as f:
+            int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return path
+
+
+def _runqueue_ns(path: str | None) -> int:
+    # The thread's run-queue delay so far (ns); -1 when unknown.
+    if path is None:
+        return -1
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):  # the thread has ended
+        return -1
+
+
 def _thread_cpu_clock(ident: int | None) -> int | None:
     """The kernel's CPU clock of thread ``ident`` (readable from any thread), where it has one."""
     try:
@@ -63,6 +88,7 @@ class LoopView:
         self.state = state
         self.thread_name = state.name
         self.cpu_clock = _thread_cpu_clock(state.ident)
+        self.schedstat = _schedstat_path()  # made on the loop's thread: its own file
         self.inflight = 0  # traced requests running on this loop now (written on the loop thread)
         self.factory = False  # tracekit's task factory is installed (tracekit._core.asgi)
         self.tracekit_ns = 0  # tracekit's bookkeeping after traced steps, sampled (tracekit._core.driver)
@@ -79,6 +105,7 @@ class LoopView:
         self._busy_cpu = state.busy_cpu
         self._tracekit = 0
         self._gc = _gc_snapshot(state.gc)
+        self._runqueue = _runqueue_ns(self.schedstat)
 
     # --- the probe (loop thread) ------------------------------------------------------------
     def request_started(self) -> None:
@@ -160,6 +187,11 @@ class LoopView:
         gc_now = _gc_snapshot(state.gc)
         lags, self.lags = self.lags, []
         tasks, self.tasks = self.tasks, -1
+        runqueue_now = _runqueue_ns(self.schedstat)
+        runqueue = -1
+        if runqueue_now >= 0 and self._runqueue >= 0:
+            runqueue = runqueue_now - self._runqueue
+        self._runqueue = runqueue_now
         self._count_tasks = True
         start = self._at
         thread_cpu = cpu - self._cpu
@@ -182,7 +214,7 @@ class LoopView:
             "background": max(0, thread_cpu - requests - gc_cpu - own),
             "gc_counts": gc[3:], "gc_longest": longest,
             "gc_longest_cpu": longest_cpu, "gc_longest_gen": longest_gen,
-            "lags": lags, "inflight": self.inflight, "tasks": tasks,
+            "lags": lags, "inflight": self.inflight, "tasks": tasks, "runqueue": runqueue,
             "thread": self.thread_name,
         }  # fmt: skip
 

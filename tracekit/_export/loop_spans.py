@@ -62,6 +62,8 @@ def window_attributes(window: dict[str, Any]) -> dict[str, Any]:
         attrs[semconv.LOOP_LAG_MAX_MS] = lags[-1] / MS
     if window["tasks"] >= 0:
         attrs[semconv.LOOP_TASKS] = window["tasks"]
+    if window["runqueue"] >= 0:
+        attrs[semconv.LOOP_RUNQUEUE_MS] = window["runqueue"] / MS
     return attrs
 
 

@@ -169,6 +169,9 @@ def render_text(
 #: listed in one line, not as a section: a readiness probe or a docs page has nothing on its
 #: request path to fix, and fixing it could save under 1% of the service's request time.
 MINOR_SHARE = 0.01
+#: The share of the loop's time waiting for a CPU (run-queue delay) from which the report says
+#: the host is short of CPU: a tenth of the time, enough to move every wait and step it holds.
+HOST_SHORT_SHARE = 0.10
 
 
 def minor_routes(routes: list[Mapping[str, Any]]) -> set[int]:
@@ -426,6 +429,14 @@ class _Renderer:
             busy = one.get("busy") or {}
             self._wrap("busy          " + "  ".join(
                 f"{k} {_pct0(busy.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
+            waited = one.get("cpu_wait")
+            if isinstance(waited, Mapping) and _is_number(waited.get("share")):
+                short = ""
+                if waited["share"] >= HOST_SHORT_SHARE:
+                    short = (": the host is short of CPU, and this time is inside the steps' "
+                             "and waits' wall time (not the application's doing)")
+                self._wrap(f"waited for a CPU {fmt_ms(waited.get('ms'))} ms "
+                           f"({_pct(waited.get('share'))} of the time){short}", 2, hang=14)
             cpu = one.get("cpu_ms") or {}
             share = one.get("cpu_share") or {}
             parts = f" {g.dot} ".join(f"{k} {_pct0(share.get(k))}" for k in

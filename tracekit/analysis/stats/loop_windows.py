@@ -88,6 +88,8 @@ class LoopWindow(Struct, array_like=True):
     #: The CPU of the longest collection (``gc_max_ms`` is its wall time; None in traces
     #: recorded before tracekit wrote it).
     gc_max_cpu_ms: float | None = None
+    #: The time the loop thread waited for a CPU (run-queue delay; None where not measured).
+    runqueue_ms: float | None = None
 
     @property
     def wall_ms(self) -> float:
@@ -138,6 +140,7 @@ def window_of(span: Span) -> LoopWindow | None:
         _count(a.get(semconv.LOOP_TASKS)),
         _profile(a),
         ms_value(a.get(semconv.LOOP_GC_MAX_CPU_MS)),
+        ms_value(a.get(semconv.LOOP_RUNQUEUE_MS)),
     )  # fmt: skip
 
 
@@ -162,8 +165,9 @@ class LoopStats:
     """The counters and percentiles of one loop (see the module docstring)."""
 
     __slots__ = ("busy", "first_ns", "gc_counts", "gc_max_generation", "gc_max_ms", "inflight_max",
-                 "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "profile", "service",
-                 "tasks_max", "thread", "windows")  # fmt: skip
+                 "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "profile",
+                 "runqueue_ns", "runqueue_wall_ns", "service", "tasks_max", "thread",
+                 "windows")  # fmt: skip
 
     #: The integer sums of ``ns``, in this order.
     SUMS = ("wall", "cpu", "requests", "gc_cpu", "tracekit", "background", "gc")
@@ -186,6 +190,8 @@ class LoopStats:
         self.first_ns: int | None = None
         self.last_ns: int | None = None
         self.profile: tuple[float, str, str, str] | None = None
+        # Run-queue delay, and the wall time of the windows that measured it.
+        self.runqueue_ns = self.runqueue_wall_ns = 0
 
     def add(self, w: LoopWindow) -> None:
         """Count one window."""
@@ -212,6 +218,9 @@ class LoopStats:
         self._span(w.start_ns, w.end_ns)
         if w.profile is not None:
             self.profile = larger_profile(self.profile, w.profile)
+        if w.runqueue_ms is not None:
+            self.runqueue_ns += _to_ns(w.runqueue_ms)
+            self.runqueue_wall_ns += values[0]
 
     def _pause(self, ms: float, generation: int | None) -> None:
         # The longest pause; on a tie the older generation (a deterministic choice).
@@ -245,6 +254,8 @@ class LoopStats:
         self.inflight_max = _max(self.inflight_max, other.inflight_max)
         self._span(other.first_ns, other.last_ns)
         self.profile = larger_profile(self.profile, other.profile)
+        self.runqueue_ns += other.runqueue_ns
+        self.runqueue_wall_ns += other.runqueue_wall_ns
 
     def ms(self, name: str) -> float:
         """One of :attr:`SUMS` in ms."""
@@ -283,6 +294,9 @@ class LoopStats:
             "tasks_max": self.tasks_max,
             "inflight_max": self.inflight_max,
         }
+        if self.runqueue_wall_ns:  # only where measured: older reports keep their form
+            out["cpu_wait"] = {"ms": self.runqueue_ns / _NS,
+                               "share": self.runqueue_ns / self.runqueue_wall_ns}  # fmt: skip
         if self.profile is not None:  # only then: reports without profiles keep their form
             ms, hot, tree, reason = self.profile
             out["profile"] = {"sampled_ms": ms, "hot": hot, "tree": tree, "reason": reason}
