@@ -17,6 +17,7 @@ neither the SDK nor :mod:`tracekit._export.tracing`.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import time
@@ -112,12 +113,28 @@ class _Runner:
         with cls._lock:
             cls._idle.append(runner)
 
+    @classmethod
+    def after_fork(cls) -> None:
+        """In a forked child: the parent's runners are not running here (only the thread that
+        forked is); start the child's own."""
+        cls._lock = threading.Lock()
+        had = bool(cls._idle)
+        cls._idle = []
+        if had:
+            try:
+                cls.keep_one()
+            except Exception:
+                internal_error("flush thread after fork")
+
     def _serve(self) -> None:
         _on_runner.active = True
         while True:
             self.calls.get()()
             with self._lock:
                 self._idle.append(self)
+
+
+os.register_at_fork(after_in_child=_Runner.after_fork)
 
 
 def lifespan_send(send: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -236,3 +236,17 @@ def test_exit_hooks_start_no_thread(kind: str, tmp_path: Path, request: pytest.F
     assert elapsed < TIMEOUT_MS / 1000 + MARGIN_S + 3, f"exit took {elapsed:.1f} s\n{log[-3000:]}"
     lost = LOST.findall(log)  # the exit flush ran, waited, and said what it lost, once
     assert len(lost) == 1 and int(lost[0][0]) >= 6, log[-3000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_has_runners_of_its_own() -> None:
+    # Bounded calls run on long-lived runner threads (one kept idle for the exit hooks); a
+    # forked child (gunicorn --preload) inherits none of them running: it starts its own.
+    shutdown.register_exit()
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when a bounded call ran, and an idle runner waits
+        ok = shutdown.bounded(lambda: True, time.monotonic() + 10, "test call")
+        idle = list(shutdown._Runner._idle)
+        os._exit(0 if ok and idle else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
