@@ -45,11 +45,11 @@ except ImportError as exc:  # pragma: no cover - exercised by the missing-extra 
         "tracekit.integrations.pyinstrument needs pyinstrument: pip install 'tracekit[pyinstrument]'"
     ) from exc
 
-import tracekit
 from tracekit import semconv
 from tracekit._core import clock
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import Ledger, Site
+from tracekit._core.watchdog import TRACEKIT_DIRS
 from tracekit._export import loop_spans
 from tracekit.stage import set_probe
 
@@ -60,7 +60,6 @@ TREE_CHARS: Final = 1800
 #: Tree frames below this share of the profile's time are left out.
 TREE_MIN_SHARE: Final = 0.02
 TREE_DEPTH: Final = 16
-_TRACEKIT_DIR: Final = os.path.dirname(os.path.abspath(tracekit.__file__)) + os.sep
 _SYNTHETIC_LEAVES: Final = frozenset({"[await]", "[out-of-context]", "[self]"})
 
 
@@ -115,7 +114,7 @@ def _short(path: str) -> str:
 def _own(frame_info: str) -> bool:
     # tracekit's own frames (the stage wrappers) are left out of what a profile shows.
     path = _identifier(frame_info).split("\x00")[1:2]
-    return bool(path) and path[0].startswith(_TRACEKIT_DIR)
+    return bool(path) and path[0].startswith(TRACEKIT_DIRS)
 
 
 def summarize(records: Sequence[tuple[Sequence[str], float]], start_stack: Sequence[str],

@@ -47,7 +47,7 @@ class Recording:
         runtime = self._runtime
         if runtime is None:
             return
-        tracing.flush_all()
+        tracing.build_all()
         tracing.recorders.remove(self._collect)
         if self._created and current.active_runtime is runtime:
             tracing.install(None)
@@ -62,14 +62,14 @@ class Recording:
     def spans(self) -> list[Any]:
         """Every span recorded so far (SDK ``ReadableSpan`` objects), oldest first."""
         if self._runtime is not None:
-            tracing.flush_all()
+            tracing.build_all()
         with self._lock:
             return list(self._spans)
 
     def clear(self) -> None:
         """Forget the spans recorded so far."""
         if self._runtime is not None:
-            tracing.flush_all()
+            tracing.build_all()
         with self._lock:
             self._spans.clear()
 

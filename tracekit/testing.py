@@ -360,13 +360,13 @@ def _timed(app: Any, requests: list[HTTPRequest], count: int, *, traced: bool) -
         stack.callback(loop.run_until_complete, lifespan.stop())
         warm_up = drive(app, requests, max(1, count // 4), lifespan.state)
         _check_statuses(requests, loop.run_until_complete(warm_up))
-        tracing.flush_all()
+        tracing.build_all()
         if traced:
             recording.clear()
         gc.collect()
         cpu = time.process_time()
         loop.run_until_complete(drive(app, requests, count, lifespan.state))
-        tracing.flush_all()
+        tracing.build_all()
         cpu = time.process_time() - cpu
         spans = [s for s in recording.spans if s.name != LOOP_SPAN] if traced else []
         if traced and not any(span.kind.name == "SERVER" for span in spans):

@@ -113,6 +113,18 @@ def test_route_statistics_latency_errors_throughput_and_stages() -> None:
     assert agg.slowest is not None and agg.slowest.wall_ms == pytest.approx(100.0)
 
 
+def test_a_single_request_has_no_throughput() -> None:
+    # Its window is its own duration: one over it (166.7 req/s for a 6 ms request) is no rate.
+    agg = Aggregator(slo=parse_slo("e2e=100ms"))
+    agg.add(request(ROUTE, 0, 6, []))
+    (route,) = agg.routes()
+    assert route["throughput_rps"] is None and route["goodput"]["rps"] is None
+    assert route["goodput"]["fraction"] == 1.0
+    agg.add(request(ROUTE, 100, 106, []))
+    (route,) = agg.routes()
+    assert route["throughput_rps"] == pytest.approx(2 / 0.106)
+
+
 def test_a_stage_name_of_two_kinds_takes_the_kind_of_its_earliest_instance() -> None:
     # In any order, and merged from parts: the kind does not follow the order of arrival.
     early = request("GET /a", 0, 10, [stage("db", 1, 2, kind="client")])

@@ -122,6 +122,7 @@ def test_bin_rates_average_to_requests_over_the_window() -> None:
     assert sum(rates) / len(rates) == pytest.approx(99 / 40)
     assert len(bin_rates(ends[:3], 0, int(2e9))) == MIN_BINS  # short windows: at least 10 bins
     assert bin_rates([5], 5, 5) == []
+    assert bin_rates([6_000_000], 0, 6_000_000) == []  # one request is no rate (was 1 / 6 ms)
     far = bin_rates([0, 2**62], 0, 2**62)  # a window of 146 years: one bin per request, or 10
     assert len(far) == MIN_BINS and sum(far) == pytest.approx(2 / (2**62 / 1e9) * MIN_BINS)
 

@@ -114,11 +114,20 @@ def test_a_late_server_span_is_not_a_request() -> None:
     assert [r.route for r in records] == [ROUTE] * 4
 
 
-def test_a_lone_model_server_trace_is_still_its_own_request() -> None:
-    # vLLM traced on its own (no gateway span in the input): its requests are requests.
-    spans = gateway_trace(0, 130, (10, 120), {"queue": 5, "prefill": 20, "decode": 70})
-    (request,) = requests_of_trace([spans[-1]])
-    assert request.route == sc.VLLM_REQUEST_SPAN and request.service == "vllm"
+def test_a_model_server_span_is_never_a_request() -> None:
+    # A client probing the model server directly (or a gateway whose spans went elsewhere):
+    # the server's span has no model call to join. It was a request on route "llm_request".
+    lone = gateway_trace(0, 130, (10, 120), {"queue": 5, "prefill": 20, "decode": 70})[-1]
+    assert requests_of_trace([lone]) == []
+    orphaned = Span(lone.trace_id, _id(), _id(), lone.name, lone.kind, lone.start_ns,
+                    lone.end_ns, lone.service, lone.attributes)  # its caller not in the input
+    assert requests_of_trace([orphaned]) == []
+    spans = [*burst(1), lone, orphaned]
+    analyzed = analyze_spans(spans)
+    report = analyzed.to_dict()
+    assert [r["route"] for r in report["routes"]] == [ROUTE] and report["requests"] == 8
+    (warning,) = [w for w in analyzed.warnings if sc.VLLM_REQUEST_SPAN in w]
+    assert warning.startswith("2 model server spans (llm_request) had no model call")
 
 
 def _stage(wait: float, server: ServerTiming | None) -> StageRecord:

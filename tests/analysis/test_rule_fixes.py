@@ -18,7 +18,7 @@ from tracekit.analysis.rules.cpu_on_loop import GENERATOR_NOTE, PARSER_NOTE, fix
 from tracekit.analysis.rules.findings import Finding
 from tracekit.analysis.rules.fixes import unblock
 from tracekit.analysis.rules.folding import fold_symptoms
-from tracekit.analysis.rules.stage_code import StageCode
+from tracekit.analysis.rules.stage_code import StageCode, cpu_of
 from tracekit.analysis.rules.stream_stall import _model_pace_ms
 
 R = "POST /v1/chat/completions"
@@ -219,3 +219,21 @@ def test_the_models_pace_is_its_suspended_time_per_chunk() -> None:
     # No bursts (median gap 3 ms, above the 2.8 ms it waited per gap): the model was
     # waited for after the loop wait, which is not its pace.
     assert _stream(3.0, waits) == pytest.approx((115.2 - 48) / 24)
+
+
+def test_a_finalizer_the_sample_landed_in_is_not_what_the_stage_runs() -> None:
+    # A GC pass inside the stage ran finalizers; the sample caught one: the stage's CPU is
+    # what called into the collector (json here), or its own code when nothing else.
+    lib = "/usr/lib/python3.11"
+    selector_del = [f"{lib}/asyncio/selector_events.py:862 in __del__",
+                    f"{lib}/json/decoder.py:353 in raw_decode", APP]  # fmt: skip
+    where, frames = blocked_site(APP, [_catch(APP, selector_del)])
+    assert (where, frames) == (APP, "json/decoder.py:353 in raw_decode")
+    weakset = [f"{lib}/_weakrefset.py:39 in _remove", APP, "app/gw.py:90 in chat"]
+    assert blocked_site(APP, [_catch(APP, weakset)]) == (APP, None)
+    # what a finalizer called is left out with it; a library frame outside it is kept
+    closing = [f"{lib}/socket.py:500 in close", "/venv/lib/python3.11/site-packages/h11/c.py:9 in __del__",
+               f"{lib}/weakref.py:106 in remove", f"{lib}/copy.py:70 in deepcopy", APP]  # fmt: skip
+    assert blocked_site(APP, [_catch(APP, closing)]) == (APP, "copy.py:70 in deepcopy")
+    code = _code(frames=None, blocked_at=APP, shape="function")
+    assert cpu_of(code)[1] == f"caught running its own Python code at {APP}"

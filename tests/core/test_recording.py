@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
+
+import pytest
 
 import tracekit
 from tracekit import semconv as sc
@@ -48,3 +52,32 @@ def test_report_of_a_recording_names_the_cpu_bound_stage() -> None:
     assert ("cpu-on-loop", "tokenize") in rules
     assert report.to_dict() == tracekit.analyze(rec.spans).to_dict() | {"source": data["source"]}
     assert all(s.attributes.get(sc.STAGE) != "request" for s in rec.spans)
+
+
+def test_reading_a_recording_never_waits_for_the_exporters(
+    monkeypatch: pytest.MonkeyPatch, otel_globals: None
+) -> None:
+    # configure()'s default exports OTLP to localhost:4318; with no collector there, reading a
+    # recording flushed the exporter too and waited out its retries (~8 s for each read).
+    # A recording needs tracekit's spans built and handed to it, not the network exports.
+    from tracekit._export import shutdown
+
+    with socket.socket() as probe:  # a port nothing listens on: every connection is refused
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", dead)
+    # The teardown's shutdown (otel_globals, before monkeypatch restores this) gives up at once.
+    monkeypatch.setattr(shutdown, "shutdown_timeout_ms", shutdown.shutdown_timeout_ms)
+    tracekit.configure(service_name="recording-test", exporter="otlp", shutdown_timeout_ms=0)
+    traced = tracekit.TracekitMiddleware(app)
+    with tracekit.record() as rec:
+        for _ in range(5):
+            asyncio.run(call(traced, http_scope("/v1/chat")))
+        start = time.monotonic()
+        spans = rec.spans
+        report = rec.report()
+        elapsed = time.monotonic() - start
+    assert elapsed < 2.0, f"reading the recording took {elapsed:.1f} s"
+    names = [s.name for s in spans if s.name != "tracekit.loop"]
+    assert sorted(names) == sorted(["GET"] * 5 + ["tokenize"] * 5 + ["model"] * 5)
+    assert report.to_dict()["requests"] == 5

@@ -178,3 +178,17 @@ def test_tracekits_own_work_is_not_an_application_block() -> None:
     demo = os.path.join(package, "demo", "gateway.py")
     frames, own = watchdog._stack(_calls(middleware, demo, library))  # type: ignore[arg-type]
     assert not own and watchdog._blame(frames).endswith("demo/gateway.py:2 in f")
+
+
+def test_tracekits_integrations_are_tracekits_frames_in_a_checkout_too() -> None:
+    """A checkout (and its editable install) keeps ``integrations/`` beside ``tracekit/``
+    (installed as ``tracekit.integrations``): their stage wrappers were blamed as the app's
+    blocking call ("blocked at .../integrations/tokenizers.py in tokenize_stage")."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    app = os.path.join(os.getcwd(), "app", "handlers.py")
+    wrapper = os.path.join(root, "integrations", "tokenizers.py")
+    library = os.path.join(os.path.dirname(threading.__file__), "threading.py")
+
+    frames, own = watchdog._stack(_calls(app, wrapper, library))  # type: ignore[arg-type]
+    assert not own and [f for f, _, _ in frames[:2]] == [library, app]
+    assert watchdog._blame(frames).startswith("app/handlers.py:2 in f")

@@ -6,6 +6,7 @@ loop window, and the missing extra."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -225,9 +226,16 @@ def test_async_stage_and_block_and_errors(profiling: Any) -> None:
     assert spans["tokenize"].status.status_code.name == "ERROR"
 
 
-def test_summarize_bounds_and_leaves_out_waits_and_tracekit() -> None:
+# tracekit's frames: its package's, and its integrations' (beside tracekit/ in a checkout).
+_CHECKOUT_INTEGRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "integrations", "pyinstrument.py")  # fmt: skip
+_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(tracekit.__file__)), "stage.py")
+
+
+@pytest.mark.parametrize("wrapper", [_PACKAGE, _CHECKOUT_INTEGRATIONS], ids=["package", "integrations"])
+def test_summarize_bounds_and_leaves_out_waits_and_tracekit(wrapper: str) -> None:
     me = "f\x00/app/x.py\x001"
-    own = f"sync_stage\x00{pyinstrument._TRACEKIT_DIR}stage.py\x0010"
+    own = f"sync_stage\x00{wrapper}\x0010"
     records: list[tuple[list[str], float]] = [
         (["<thread>\x00<thread>\x000", "root\x00/app/r.py\x001", own, me, "g\x00/app/x.py\x005"], 0.004),
         (["<thread>\x00<thread>\x000", "root\x00/app/r.py\x001", own, me], 0.001),

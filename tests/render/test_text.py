@@ -234,3 +234,13 @@ def test_hostile_text_is_flattened_and_renders_from_a_report_object() -> None:
             return report_dict()
 
     assert ROUTE in render_text(Wrapper(), width=80, color=False)
+
+
+def test_counts_of_processes_and_a_route_without_a_rate() -> None:
+    loops = [{"service": "gateway", "thread": "MainThread", "windows": 4, "window_s": 4, "processes": n}
+             for n in (2, 1)]  # fmt: skip
+    route = dict(report_dict()["routes"][0], requests=1, throughput_rps=None, goodput=None)
+    text = render_text(report_dict(routes=[route], loop={"loops": loops}), width=100, color=False,
+                       unicode=True)  # fmt: skip
+    assert "2 processes" in text and "1 process\n" in text and "processs" not in text
+    assert "1 request · 3 errors · - req/s" in text  # unknown, as every unknown figure

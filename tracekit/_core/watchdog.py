@@ -25,6 +25,7 @@ in ``time.sleep`` or I/O has released it already.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -45,6 +46,23 @@ PRUNE_S = 1.0
 STACK_DEPTH = 12
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _integration_dirs() -> tuple[str, ...]:
+    """Where ``tracekit.integrations`` lives, when not inside the package directory: a
+    checkout (and its editable install) keeps it beside ``tracekit/`` (pyproject package-dir).
+    Its stage wrappers are on the stack of every stage they wrap, like the middleware's."""
+    try:
+        spec = importlib.util.find_spec("tracekit.integrations")  # locates it, imports nothing
+    except (ImportError, ValueError):
+        return ()
+    locations = (spec.submodule_search_locations or []) if spec is not None else []
+    dirs = {os.path.join(f(d), "") for d in locations for f in (os.path.abspath, os.path.realpath)}
+    return tuple(d for d in dirs if not d.startswith(_PACKAGE_DIR))
+
+
+# tracekit's frames, left out of what a sample or a profile shows (its own work: below).
+TRACEKIT_DIRS = (_PACKAGE_DIR, *_integration_dirs())
 # tracekit's own work, when it runs on the loop (starting its export thread, building spans,
 # writing a trace file): its cost, never an application's block. Its other frames (the
 # middleware, stage wrappers, the loop driver) are on every request's stack: left out.
@@ -188,7 +206,7 @@ def _stack(frame: FrameType | None) -> tuple[list[tuple[str, int, str]], bool]:
     own: bool | None = None  # decided by the innermost frame that is tracekit's work or the app's
     while frame is not None and len(frames) < STACK_DEPTH:
         filename = frame.f_code.co_filename
-        if filename.startswith(_PACKAGE_DIR) and not filename.startswith(_DEMO_DIR):
+        if filename.startswith(TRACEKIT_DIRS) and not filename.startswith(_DEMO_DIR):
             if own is None and filename.startswith(_OWN_WORK_DIRS):
                 own = True
         else:

@@ -17,11 +17,13 @@ neither the SDK nor :mod:`tracekit._export.tracing`.
 from __future__ import annotations
 
 import atexit
+import os
+import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from tracekit._core.failsafe import internal_error, logger
 
@@ -46,21 +48,93 @@ def deadline() -> float:
 
 
 def bounded(call: Callable[[], object], deadline: float, what: str) -> bool:
-    """Run ``call`` on a daemon thread and wait for it until ``deadline`` at most (a stuck
+    """Run ``call`` on a runner thread and wait for it until ``deadline`` at most (a stuck
     export holds that thread, never the caller). True when it returned in time and not False."""
+    if getattr(_on_runner, "active", False):
+        # Nested (a processor's flush inside the runtime's): the outer caller's wait bounds it.
+        return _attempt(call, what) is not False
+    runner = _Runner.take()
+    if runner is None:  # every runner is stuck and no thread can start (interpreter exit)
+        return False
+    done = threading.Event()
     result: list[object] = []
 
     def run() -> None:
-        try:
-            result.append(call())
-        except Exception:
-            result.append(False)
-            internal_error(what)
+        result.append(_attempt(call, what))
+        done.set()
 
-    thread = threading.Thread(target=run, name="tracekit-flush", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()))
+    runner.calls.put(run)
+    done.wait(max(0.0, deadline - time.monotonic()))
     return bool(result) and result[0] is not False
+
+
+def _attempt(call: Callable[[], object], what: str) -> object:
+    try:
+        return call()
+    except Exception:
+        internal_error(what)
+        return False
+
+
+_on_runner = threading.local()
+
+
+class _Runner:
+    """A daemon thread that runs bounded calls one at a time and waits, idle, for the next.
+    Python 3.12 refuses to start a thread once the interpreter is exiting, where the atexit
+    flush needs one most: an idle runner started before (:func:`register_exit`) takes it. A
+    call that outlives its wait keeps its runner; the next call takes another."""
+
+    _idle: ClassVar[list[_Runner]] = []
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="tracekit-flush", daemon=True).start()
+
+    @classmethod
+    def take(cls) -> _Runner | None:
+        """An idle runner, or a new one; None when neither is to be had."""
+        with cls._lock:
+            if cls._idle:
+                return cls._idle.pop()
+        try:
+            return cls()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12)
+            return None
+
+    @classmethod
+    def keep_one(cls) -> None:
+        """Start an idle runner if there is none, while threads can still start."""
+        with cls._lock:
+            if cls._idle:
+                return
+        runner = cls()
+        with cls._lock:
+            cls._idle.append(runner)
+
+    @classmethod
+    def after_fork(cls) -> None:
+        """In a forked child: the parent's runners are not running here (only the thread that
+        forked is); start the child's own."""
+        cls._lock = threading.Lock()
+        had = bool(cls._idle)
+        cls._idle = []
+        if had:
+            try:
+                cls.keep_one()
+            except Exception:
+                internal_error("flush thread after fork")
+
+    def _serve(self) -> None:
+        _on_runner.active = True
+        while True:
+            self.calls.get()()
+            with self._lock:
+                self._idle.append(self)
+
+
+os.register_at_fork(after_in_child=_Runner.after_fork)
 
 
 def lifespan_send(send: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -103,6 +177,7 @@ def register_exit() -> None:
     hook must run before the SDK provider's own, whose processors take what it drains."""
     atexit.unregister(_exit)
     atexit.register(_exit)
+    _Runner.keep_one()  # for the exit hooks, where Python 3.12 starts no thread
 
 
 def _exit() -> None:

@@ -197,6 +197,15 @@ class Runtime:
             with self._count_lock:
                 self._helping -= 1
 
+    def build(self, timeout_ms: float = 30_000) -> None:
+        """Build spans for every queued request and the loop's window now, and hand them to
+        the processor and the recordings, without waiting for the processor's exports."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        self._drain()
+        self._loop_windows()
+        while self._helping and time.monotonic() < deadline:  # another thread is helping
+            time.sleep(0.001)
+
     def flush(self, timeout_ms: float = 30_000) -> bool:
         """Build spans for every queued request now, then flush the span processor.
 
@@ -204,10 +213,7 @@ class Runtime:
         processor ignores its timeout): True when everything was handed on in time.
         """
         deadline = time.monotonic() + timeout_ms / 1000
-        self._drain()
-        self._loop_windows()
-        while self._helping and time.monotonic() < deadline:  # another thread is helping
-            time.sleep(0.001)
+        self.build(timeout_ms)
         processor = self.processor
         if processor is None:
             return True
@@ -347,6 +353,13 @@ class Runtime:
 # Open tracekit.record() captures. Process-wide, not per runtime, so that a middleware given
 # its own tracer_provider is recorded too.
 recorders: list[Callable[[list[Any]], None]] = []
+
+
+def build_all() -> None:
+    """Build and deliver everything queued in every runtime, without flushing the exporters
+    (what a recording reads: a collector that is down must not hold it)."""
+    for runtime in list(shutdown.runtimes):
+        runtime.build()
 
 
 def flush_all() -> None:

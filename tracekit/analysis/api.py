@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from tracekit import semconv
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis.readers.common import ReadStats
@@ -128,9 +129,15 @@ def _warn(report: Report, stats: ReadStats) -> None:
     report.warnings[:0] = lines
 
 
-def _warn_orphans(report: Report, spans: int, traces: int) -> None:
+def _warn_orphans(report: Report, spans: int, traces: int, model_server: int) -> None:
     # Stage spans without their request span are not requests (assembly leaves them out):
     # one line says so, and why it usually happens (docs/composition.md).
+    if model_server:
+        report.warnings.append(
+            f"{model_server:,} model server spans ({semconv.VLLM_REQUEST_SPAN}) had no model "
+            "call in the input to join, so they are not requests: calls straight to the model "
+            "server, or a gateway whose spans went elsewhere"
+        )
     if spans:
         report.warnings.append(
             f"{spans:,} stage spans in {traces:,} traces have no request (SERVER) span in the "

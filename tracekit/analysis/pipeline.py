@@ -160,10 +160,12 @@ class Pipeline:
         return groups + more_groups, flushed
 
     @property
-    def orphans(self) -> tuple[int, int]:
-        """(spans, traces) of stages whose request span was not in the input (no request)."""
+    def orphans(self) -> tuple[int, int, int]:
+        """(spans, traces) of stages whose request span was not in the input (no request),
+        and the model server's spans that had no model call in the input to join."""
         windows = (self.window, self._later)
-        return sum(w.orphan_spans for w in windows), sum(w.orphan_traces for w in windows)
+        return (sum(w.orphan_spans for w in windows), sum(w.orphan_traces for w in windows),
+                sum(w.model_server_spans for w in windows))  # fmt: skip
 
     def _positioned(self, batch: list[Span]) -> Iterator[tuple[int, Span | None]]:
         n = self.spans

@@ -188,3 +188,65 @@ def test_shutdown_timeout_is_an_option(otel_globals: None, monkeypatch: pytest.M
     for bad in (-1, "5s", True):
         with pytest.raises(ConfigurationError, match="shutdown_timeout_ms must be a number >= 0"):
             tracekit.configure(exporter="none", shutdown_timeout_ms=bad)  # type: ignore[arg-type]
+
+
+_EXIT_SCRIPT = """
+import asyncio, sys, threading
+import tracekit
+from tests.hostile.recorder._shutdown_app import app
+
+async def main():
+    sent = []
+    async def receive():
+        return {"type": "http.request", "body": b""}
+    async def send(message):
+        sent.append(message)
+    for _ in range(3):
+        await app({"type": "http", "method": "GET", "path": "/chat", "raw_path": b"/chat",
+                   "headers": [], "query_string": b"", "http_version": "1.1", "scheme": "http",
+                   "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": ""},
+                  receive, send)
+    assert sent[0]["status"] == 200
+
+asyncio.run(main())
+if sys.version_info < (3, 12):  # what 3.12 does once the interpreter exits, before atexit hooks
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+    threading.Thread.start = refuse
+"""
+
+
+@pytest.mark.parametrize("kind", ["dead", "black_hole"])
+def test_exit_hooks_start_no_thread(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # Python 3.12 refuses to start a thread in an atexit hook: the exit flush printed a
+    # traceback for each hook (tracekit's and the SDK provider's) and flushed nothing. Older
+    # Pythons run the hooks under the same refusal here; the bound on the exit still holds.
+    endpoint = request.getfixturevalue(kind)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, PYTHONPATH=path,
+               TRACEKIT_SHUTDOWN_TIMEOUT_MS=str(TIMEOUT_MS), OTEL_BSP_SCHEDULE_DELAY="5000")  # fmt: skip
+    script = tmp_path / "exit.py"
+    script.write_text(_EXIT_SCRIPT)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_MS / 1000 + 60)  # fmt: skip
+    elapsed = time.monotonic() - start
+    log = done.stderr
+    assert done.returncode == 0 and "Traceback" not in log, log[-3000:]
+    assert elapsed < TIMEOUT_MS / 1000 + MARGIN_S + 3, f"exit took {elapsed:.1f} s\n{log[-3000:]}"
+    lost = LOST.findall(log)  # the exit flush ran, waited, and said what it lost, once
+    assert len(lost) == 1 and int(lost[0][0]) >= 6, log[-3000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_has_runners_of_its_own() -> None:
+    # Bounded calls run on long-lived runner threads (one kept idle for the exit hooks); a
+    # forked child (gunicorn --preload) inherits none of them running: it starts its own.
+    shutdown.register_exit()
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when a bounded call ran, and an idle runner waits
+        ok = shutdown.bounded(lambda: True, time.monotonic() + 10, "test call")
+        idle = list(shutdown._Runner._idle)
+        os._exit(0 if ok and idle else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -10,7 +10,8 @@ attribute alone gets wrong:
   says so (:data:`IMPORT_PREFIX`), never shows an importlib frame.
 - The application frame says where, not what: the library frames it was running inside
   (``json/decoder.py``, ``requests/sessions.py``, ``socket.py``) say what the call was, and
-  choose the fix. They are kept, shortened, as the record's ``blocked_frames``.
+  choose the fix. They are kept, shortened, as the record's ``blocked_frames``, without a
+  garbage-collector finalizer the catch happened to land in (``__del__``, weakref callbacks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ IMPORT_PREFIX = "a module import on the first request"
 # Library frames kept per catch: enough to name the call (socket <- http.client <- requests).
 _MAX_FRAMES = 6
 _IMPORTLIB = "importlib._bootstrap"
+# The standard library's weakref callbacks (a WeakSet's, a WeakValueDictionary's, finalize's).
+_WEAKREF_CALLBACKS = frozenset(
+    {("_weakrefset.py", "_remove"), ("weakref.py", "remove"), ("weakref.py", "__call__")}
+)
 # Everything up to the package directory: ".../site-packages/httpx/_client.py" -> "httpx/_client.py".
 _LIBRARY_ROOT = re.compile(r"^.*/(?:site-packages|dist-packages|lib/python\d+(?:\.\d+)?)/")
 
@@ -76,7 +81,18 @@ def _inner_frames(where: str, lines: list[str]) -> str | None:
     if where not in lines:
         return None
     inner = [_LIBRARY_ROOT.sub("", line) for line in lines[: lines.index(where)]]
+    # A finalizer (``__del__``, a weakref callback) runs wherever the garbage collector
+    # happened to start: it and what it called are not what the stage's code was doing.
+    finalizers = [i for i, line in enumerate(inner) if _is_finalizer(line)]
+    if finalizers:
+        inner = inner[finalizers[-1] + 1 :]
     return "\n".join(inner[:_MAX_FRAMES]) or None
+
+
+def _is_finalizer(line: str) -> bool:
+    path, _, function = line.rpartition(" in ")
+    path = path.rsplit(":", 1)[0]
+    return function == "__del__" or (path, function) in _WEAKREF_CALLBACKS
 
 
 def _import_site(catches: list[tuple[str, object]]) -> str:

@@ -22,8 +22,9 @@ Its stages are its descendants down to, not into, the next SERVER span (a downst
 SERVER span is a request of its own), except a model server's own span (vLLM's
 ``llm_request``), which joins the model call it answered. Spans of a trace that arrive within
 ``max_open_traces`` spans after it was flushed form a *late fragment*: only their SERVER spans
-become requests (not a model server's: its call is gone), because a top-most span of a
-fragment is not a real request root.
+become requests, because a top-most span of a fragment is not a real request root. A model
+server's span is never a request (a client probing the model server directly), not even a
+top-most one.
 
 Hostile input never hangs or crashes assembly: duplicate span ids keep the first span, a
 span that is its own parent is a root, cycles in parent links are cut by a visited set in
@@ -43,6 +44,7 @@ from tracekit.analysis.assembly.request_records import (
     compact,
     decode_pairs,
     loop_trace,
+    model_server_trace,
     request_record,
     requests_of_trace,
     route_of,
@@ -143,6 +145,8 @@ class Window:
         # Traces that made no request (stages whose request span is missing) and their spans.
         self.orphan_traces = 0
         self.orphan_spans = 0
+        # Model server spans in traces of nothing else (no model call to join: not requests).
+        self.model_server_spans = 0
         self._sweep_every = max(1, max_open_traces // 4)
         self._sweep_at = self._sweep_every
 
@@ -218,8 +222,11 @@ class Window:
         self._expiry.append((at, trace_id))
         requests = self.build(group.spans, late=group.late)
         if not requests and not group.late and group.spans and not loop_trace(group.spans):
-            self.orphan_traces += 1
-            self.orphan_spans += len(group.spans)
+            if model_server_trace(group.spans):
+                self.model_server_spans += len(group.spans)
+            else:
+                self.orphan_traces += 1
+                self.orphan_spans += len(group.spans)
         return iter(requests)
 
     def state(self, shift: int) -> tuple[list[Group], dict[str, int]]:

@@ -94,22 +94,22 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
                 children[parent] = [span]
             else:
                 siblings.append(span)
-    # A model server's span under a call of this trace is part of that call, not a request
-    # (nor is one that arrives late, after its call's trace was flushed).
-    heads = [
-        s for s in by_id.values()
-        if s.kind == "server" and not ((late or s.parent_id in by_id) and model_server_span(s))
-    ]  # fmt: skip
+    # A model server's own span is never a request: under a call of this trace it is part of
+    # that call; without one (a client probing the model server directly, a call whose trace
+    # went elsewhere or was flushed) it has no call to join.
+    heads = [s for s in by_id.values() if s.kind == "server" and not model_server_span(s)]
     if not heads and not late:
         # A loop window (tracekit.loop) is not a request (the pipeline counts it apart).
-        if loop_trace(by_id.values()):
+        if loop_trace(by_id.values()) or model_server_trace(by_id.values()):
             return []
+        roots = [root for root in roots if not model_server_span(root)]
         if roots and all(_orphan_stage(root, by_id) for root in roots):
             # tracekit stages under a span the input lacks: their request span went to
             # another exporter (or was dropped). Not requests; the caller counts them.
             return []
         # Pure cycles have no root at all: the earliest span stands in for one.
-        heads = roots or [min(by_id.values(), key=_BY_START)]
+        others = (s for s in by_id.values() if not model_server_span(s))
+        heads = roots or [min(others, key=_BY_START)]
     if len(heads) > 1:
         heads.sort(key=_BY_START)
     return [_request(head, children) for head in heads]
@@ -118,6 +118,12 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
 def loop_trace(spans: Iterable[Span]) -> bool:
     """Whether every span of a trace is an event-loop window (``tracekit.loop``), not a request."""
     return all(s.name == semconv.LOOP_SPAN and semconv.LOOP_THREAD in s.attributes for s in spans)
+
+
+def model_server_trace(spans: Iterable[Span]) -> bool:
+    """Whether every span of a trace is a model server's own (a client that called the model
+    server directly, its own span not in the input): no request of the gateway's."""
+    return all(model_server_span(s) for s in spans)
 
 
 def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:

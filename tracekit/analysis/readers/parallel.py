@@ -245,7 +245,8 @@ def _collect(settings: Settings, connections: list[Connection]) -> tuple[Aggrega
         merged.adopt_sample(sample)
         del sample  # unpacked now: the packed copy is not held while later ranges are read
         total.spans += partial.spans
-        total.orphans = (total.orphans[0] + partial.orphans[0], total.orphans[1] + partial.orphans[1])
+        total.orphans = (total.orphans[0] + partial.orphans[0], total.orphans[1] + partial.orphans[1],
+                         total.orphans[2] + partial.orphans[2])  # fmt: skip
         total.stats.skipped += partial.stats.skipped
         total.stats.truncated += partial.stats.truncated
         total.stats.cut_tail_bytes += partial.stats.cut_tail_bytes

@@ -57,7 +57,7 @@ class Partial:
     matched: list[str]
     others: list[str]
     sample_keys: list[Any] = field(default_factory=list)
-    orphans: tuple[int, int] = (0, 0)  # Pipeline.orphans
+    orphans: tuple[int, int, int] = (0, 0, 0)  # Pipeline.orphans
 
 
 def worker_main(argv: list[str]) -> None:

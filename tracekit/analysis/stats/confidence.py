@@ -42,6 +42,7 @@ __all__ = [
     "MIN_BEYOND",
     "MIN_BINS",
     "MIN_MEAN_N",
+    "MIN_RATE_REQUESTS",
     "Change",
     "bin_rates",
     "mean_change",
@@ -57,6 +58,9 @@ MIN_BEYOND = 5
 MIN_MEAN_N = 5
 #: Fewest bins a throughput window is cut into (more for windows over this many seconds).
 MIN_BINS = 10
+#: Fewest requests a throughput is computed from: a single request's window is its own
+#: duration, and one over it (170 req/s for a 6 ms request) is no rate.
+MIN_RATE_REQUESTS = 2
 
 
 @dataclass(frozen=True)
@@ -237,10 +241,10 @@ def bin_rates(ends_ns: Sequence[int], first_ns: int, last_ns: int) -> list[float
     Returns:
         One rate per bin: whole seconds of the window, at most one bin per request, at least
         :data:`MIN_BINS`; their mean is ``len(ends_ns)`` over the window. Empty when the
-        window is empty.
+        window is empty or holds fewer than :data:`MIN_RATE_REQUESTS` requests.
     """
     window = last_ns - first_ns
-    if window <= 0:
+    if window <= 0 or len(ends_ns) < MIN_RATE_REQUESTS:
         return []
     # About a second each, but never more bins than requests: a window stretched by an idle
     # gap (or by hostile timestamps) must not allocate billions of empty bins.

@@ -21,6 +21,7 @@ from tracekit.analysis.model import (
     stage_cpu_split,
 )
 from tracekit.analysis.slo import SLO, request_itl_ms, request_tpot_ms
+from tracekit.analysis.stats.confidence import MIN_RATE_REQUESTS
 from tracekit.analysis.stats.intervals import qualified_name
 from tracekit.analysis.stats.quantiles import Quantiles
 
@@ -418,7 +419,8 @@ class RouteStats:
         """The report's route object (report contract ``routes[]``)."""
         self.fold()
         window = self.window_s
-        rps = self.requests / window if window > 0 else None
+        rated = window > 0 and self.requests >= MIN_RATE_REQUESTS
+        rps = self.requests / window if rated else None
         breakdown_ms: dict[str, float | None] = dict.fromkeys(BREAKDOWN_KEYS)
         if self.instrumented:
             breakdown_ms = {
@@ -435,7 +437,7 @@ class RouteStats:
         goodput = None
         if slo is not None:
             goodput = {
-                "rps": self.good / window if window > 0 else None,
+                "rps": self.good / window if rated else None,
                 "fraction": self.good / self.requests if self.requests else 0.0,
             }
         stages = sorted(self.stages.values(), key=lambda s: (s.first, s.stage))
