@@ -170,7 +170,8 @@ def test_instrumented_runs_compare_breakdown_streams_and_projections(runs: tuple
     assert stage.high is not None and stage.high < 0 and stage.after < stage.before
     other = next(line for line in text.splitlines() if "sequential-independent" in line)
     assert "not the change made" in other and not any(v in other for v in ("held", "missed", "wrong"))
-    judged = [line for line in text.splitlines() if line.rstrip().endswith((": held", "(short)", "(beyond)"))]
+    judged = [line for line in text.splitlines()
+              if line.rstrip().endswith((": held", ": inconclusive", "(short)", "(beyond)"))]
     assert len(judged) == 3  # p50, p95 and rps of the change made only
 
 

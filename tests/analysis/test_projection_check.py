@@ -80,11 +80,11 @@ def test_a_finding_is_checked_on_each_metric_with_its_range_and_model() -> None:
     changes = {
         "p50_ms": measured(100, 82, (-0.22, -0.14)),  # held: -25%..-15% overlaps
         "p95_ms": measured(200, 196, (-0.06, 0.02)),  # missed: the point -25%, no usable range
-        "throughput_rps": measured(40, 40.4, (-0.05, 0.07)),  # held: 0 is inside
+        "throughput_rps": measured(40, 40.4, (-0.05, 0.07)),  # inconclusive: no change, as projected
     }
     check = check_finding(finding, changes, still_found=True, selected=True)
     assert check.label == "cpu-on-loop:tokenize"
-    assert [m.verdict for m in check.metrics] == ["held", "missed", "held"]
+    assert [m.verdict for m in check.metrics] == ["held", "missed", "inconclusive"]
     assert check.metrics[1].range is None  # a malformed range is ignored, the point used
     assert check.verdict == "missed"
     d = check.to_dict()
@@ -94,6 +94,23 @@ def test_a_finding_is_checked_on_each_metric_with_its_range_and_model() -> None:
     assert check_finding(finding, changes, still_found=False, selected=True).verdict == "wrong direction"
     none = check_finding({"rule": "gc-pauses", "projection": {}}, changes, still_found=False, selected=True)
     assert (none.metrics, none.verdict, none.label) == ([], "unmeasured", "gc-pauses")
+
+
+def test_a_projection_is_confirmed_only_by_a_change_both_sides_see() -> None:
+    # Two runs of the same code (an A/A pair, the new-user trial's): a projected range from
+    # -13.7% to +11.4% and a measured -3.7% overlap, but nothing changed: not "held". Nor a
+    # measured interval that includes no change; a change both see is.
+    finding = {"rule": "cpu-on-loop", "stage": "guardrail", "severity": "medium",
+               "projection": {"p50_ms": [100.0, 95.0], "range": {"p50_ms": [86.3, 111.4]}}}  # fmt: skip
+    same = {"p50_ms": measured(100, 96.3, (-0.09, 0.02))}
+    aa = check_finding(finding, same, still_found=True, selected=True)
+    assert aa.verdict == "inconclusive" and aa.metrics[0].verdict == "inconclusive"
+    narrow = {"rule": "cpu-on-loop", "stage": "guardrail", "severity": "medium",
+              "projection": {"p50_ms": [100.0, 80.0], "range": {"p50_ms": [75.0, 85.0]}}}  # fmt: skip
+    short_run = {"p50_ms": measured(100, 82, (-0.4, 0.05))}
+    assert check_finding(narrow, short_run, still_found=True, selected=True).verdict == "inconclusive"
+    seen = {"p50_ms": measured(100, 82, (-0.25, -0.1))}
+    assert check_finding(narrow, seen, still_found=True, selected=True).verdict == "held"
 
 
 def test_a_fix_that_was_not_made_is_not_judged() -> None:

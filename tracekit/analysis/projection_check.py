@@ -10,7 +10,10 @@ from the measured one; the relative change is what it projects).
 Verdicts, per metric (:data:`VERDICTS`):
 
 - ``held``: the measured change's confidence interval overlaps the projected change (its
-  range, else its point): the measurement cannot tell them apart;
+  range, else its point), and both exclude no change: a change happened, as projected;
+- ``inconclusive``: they overlap, but the projected range or the measured interval includes
+  no change (zero): the pair cannot confirm the projection (two runs of the same code, or a
+  run too short to tell, would "hold" any wide projection);
 - ``wrong direction``: the projected change is one side of zero (all of its range) and the
   measured interval lies wholly on the other side;
 - ``missed``: otherwise, by the gap between the measured change and the nearest end of the
@@ -20,7 +23,8 @@ Verdicts, per metric (:data:`VERDICTS`):
 
 Without a measured interval (too few requests) the measured point stands in for it. A
 finding's verdict is ``wrong direction`` if any metric's is, else ``missed`` if any metric's
-is, else ``held`` if any metric was measured, else ``unmeasured``.
+is, else ``held`` if any metric's is, else ``inconclusive`` if any metric's is, else
+``unmeasured``.
 
 Only the change made is judged. A finding that is not (``selected`` false) gets ``not the
 change made`` as its verdict and each metric's: its figures are kept, but measured against
@@ -44,8 +48,9 @@ __all__ = ["METRICS", "VERDICTS", "MetricCheck", "ProjectionCheck", "check_findi
 #: The projection's metrics, in the order they are checked and shown.
 METRICS = ("p50_ms", "p95_ms", "throughput_rps")
 HELD, WRONG, MISSED, UNMEASURED = "held", "wrong direction", "missed", "unmeasured"
+INCONCLUSIVE = "inconclusive"
 NOT_MADE, NO_PROJECTION = "not the change made", "no projection"
-VERDICTS = (HELD, MISSED, WRONG, UNMEASURED, NOT_MADE, NO_PROJECTION)
+VERDICTS = (HELD, INCONCLUSIVE, MISSED, WRONG, UNMEASURED, NOT_MADE, NO_PROJECTION)
 
 
 @dataclass
@@ -130,7 +135,7 @@ class ProjectionCheck:
         if not self.projected:
             return NO_PROJECTION
         verdicts = {m.verdict for m in self.metrics}
-        for verdict in (WRONG, MISSED, HELD):
+        for verdict in (WRONG, MISSED, HELD, INCONCLUSIVE):
             if verdict in verdicts:
                 return verdict
         return UNMEASURED
@@ -243,7 +248,9 @@ def check_metric(
         m_low, m_high = measured.rel_low, measured.rel_high
     e_low, e_high = expected
     if m_low <= e_high and e_low <= m_high:
-        return MetricCheck(metric, projected, range_, expected, measured, HELD)
+        # Only a change both sides see confirms the projection (module docstring).
+        confirmed = not (e_low <= 0 <= e_high or m_low <= 0 <= m_high)
+        return MetricCheck(metric, projected, range_, expected, measured, HELD if confirmed else INCONCLUSIVE)
     gap = e_low - m if m < e_low else m - e_high
     if (e_low > 0 and m_high < 0) or (e_high < 0 and m_low > 0):
         return MetricCheck(metric, projected, range_, expected, measured, WRONG, gap)

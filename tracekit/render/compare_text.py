@@ -185,7 +185,8 @@ class _Renderer:
         expected = m.get("projected_change_pct")
         if _is_pair(expected):
             low, high = expected
-            projected = f"{low:+.1f}%" if low == high else f"{low:+.1f}% {self.g.arrow} {high:+.1f}%"
+            # A range is "low to high" (the arrow is before → after everywhere else).
+            projected = f"{low:+.1f}%" if low == high else f"{low:+.1f}% to {high:+.1f}%"
         else:
             projected = "-"
         # The projected change starts from the replay's BEFORE (the recording replayed), which
@@ -218,7 +219,8 @@ def _zero_in_both(change: Any) -> bool:
 
 
 def _tone(p: Palette, verdict: str) -> str:
-    return {"held": p.green, "missed": p.yellow, "wrong direction": p.red}.get(verdict, p.dim)
+    return {"held": p.green, "inconclusive": p.dim, "missed": p.yellow,
+            "wrong direction": p.red}.get(verdict, p.dim)
 
 
 def _s(value: Any) -> str:
