@@ -424,7 +424,12 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     from tracekit.demo.runner import Options, run
 
-    return run(Options(Path(args.out), args.requests, args.concurrency, args.otlp, args.keep_running,
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # an existing file, no permission, a read-only place
+        raise _UsageError(f"--out {args.out}: cannot use it as the demo's folder ({exc.strerror})") from None
+    return run(Options(out, args.requests, args.concurrency, args.otlp, args.keep_running,
                        args.cores))  # fmt: skip
 
 

@@ -142,6 +142,34 @@ def test_bad_option_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1 and "--requests" in result.stderr
 
 
+def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
+    # A new user's `--out app.py` (an existing file) was an "internal error", exit 3.
+    (tmp_path / "app.py").write_text("x = 1\n")
+    for out in ("app.py", "app.py/sub"):
+        result = subprocess.run([sys.executable, "-m", "tracekit", "demo", "--out", out],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and f"--out {out}" in result.stderr
+        assert "internal error" not in result.stderr
+    assert (tmp_path / "app.py").read_text() == "x = 1\n"
+
+
+def test_the_otlp_endpoint_is_checked_before_the_run() -> None:
+    # --otlp to a port nothing listens on exited 0 with the loss only in servers.log: the demo
+    # now says so at the start (runner._listens).
+    import socket
+
+    from tracekit.demo.runner import _listens
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        assert _listens(url)
+    assert not _listens(url)  # closed now
+    assert not _listens("http://[::1")  # not a URL
+
+
 def test_keep_running_leaves_a_gateway_to_explore_until_ctrl_c(tmp_path: Path) -> None:
     import httpx
 

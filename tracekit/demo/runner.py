@@ -32,6 +32,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,17 @@ def top_fix(report: Any) -> tuple[Any, str] | None:
                  if (f.rule, f.stage) in SWITCHES), None)  # fmt: skip
 
 
+def _listens(url: str) -> bool:
+    """Whether something accepts a TCP connection at ``url``'s host and port (within 1 s)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "localhost", port), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def run(options: Options) -> int:
     """Run the demo (the module docstring); returns the exit code."""
     from tracekit.analysis.api import analyze
@@ -340,12 +352,15 @@ def run(options: Options) -> int:
     services = Services()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        print(f"tracekit demo: a gateway with five of the seeds' problems, {options.requests} requests "
+        print(f"tracekit demo: a gateway with five known problems, {options.requests} requests "
               f"{options.concurrency} at a time (short, medium and long prompts; a quarter streamed)",
               flush=True)  # fmt: skip
         if options.otlp:
             endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
             print(f"  traces also go to {endpoint} (OTLP)", flush=True)
+            if not _listens(endpoint):
+                print(f"  warning: nothing answers at {endpoint}: the traces will not arrive there "
+                      f"(they are still written to {options.out})", flush=True)  # fmt: skip
         run_load(options, services, "before", before, None)
         print("analysing the traces ...", flush=True)
         report = analyze(str(before), cores=options.cores)
