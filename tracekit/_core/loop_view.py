@@ -50,25 +50,13 @@ SAMPLE_MASK: Final = 63
 MAX_LAGS: Final = 1024  # probe measurements kept per window (a probe every 10 ms: 100 a second)
 
 
-def _schedstat_path() -> str | None:
-    # The calling thread's scheduler statistics (Linux): CPU time, run-queue delay, slices.
-    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-    try:
-        with open(path, "rb") as f:
-            int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return path
-
-
-def _runqueue_ns(path: str | None) -> int:
-    # The thread's run-queue delay so far (ns); -1 when unknown.
-    if path is None:
-        return -1
+def _runqueue_ns(path: str) -> int:
+    # The thread's run-queue delay so far (ns): the second field of its scheduler statistics
+    # (Linux: CPU time, run-queue delay, slices); -1 when unknown (elsewhere, or it ended).
     try:
         with open(path, "rb") as f:
             return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):  # the thread has ended
+    except (OSError, ValueError, IndexError):
         return -1
 
 
@@ -88,7 +76,8 @@ class LoopView:
         self.state = state
         self.thread_name = state.name
         self.cpu_clock = _thread_cpu_clock(state.ident)
-        self.schedstat = _schedstat_path()  # made on the loop's thread: its own file
+        # Made on the loop's thread: its own scheduler statistics.
+        self.schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
         self.inflight = 0  # traced requests running on this loop now (written on the loop thread)
         self.factory = False  # tracekit's task factory is installed (tracekit._core.asgi)
         self.tracekit_ns = 0  # tracekit's bookkeeping after traced steps, sampled (tracekit._core.driver)
