@@ -84,7 +84,7 @@ demo: $(INSTALLED)
 # Both builds are tested: the whole suite on the compiled one, then the request path's tests
 # (tests/core, tests/hostile/recorder) on the plain-Python one. Two pytest-xdist workers: the
 # suite waits on servers and subprocesses about as long as it computes (one worker: 5 min 52 s,
-# two: 3 min 46 s, on 2 cores).
+# two: 3 min 46 s, on 2 cores); the few tests marked `alone` run after, on one.
 test: $(INSTALLED_DEV) $(BUILT) $(PHOENIX_INSTALLED)  ## lint (ruff), type-check (mypy strict), the suite on both builds
 	bash scripts/ensure-chromium
 	@echo "== ruff, mypy"
@@ -92,12 +92,16 @@ test: $(INSTALLED_DEV) $(BUILT) $(PHOENIX_INSTALLED)  ## lint (ruff), type-check
 	$(TYPECHECK)
 ifneq ($(BUILT),)
 	@echo "== the whole suite, compiled request path (with a real Phoenix: TRACEKIT_PHOENIX)"
-	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q -n 2
+	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q -n 2 -m "not alone"
+	@echo "== the tests that saturate the event loop, one at a time (-m alone: a second worker skews their timings)"
+	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q -m alone
 	@echo "== the request path's tests as plain Python (TRACEKIT_PURE_PYTHON=1)"
 	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q -n 2 tests/core tests/hostile/recorder tests/loop/test_spawned_tasks.py
 else
 	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1; with a real Phoenix: TRACEKIT_PHOENIX)"
-	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(BIN)/python -m pytest -q -n 2
+	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(BIN)/python -m pytest -q -n 2 -m "not alone"
+	@echo "== the tests that saturate the event loop, one at a time (-m alone: a second worker skews their timings)"
+	$(BIN)/python -m pytest -q -m alone
 endif
 
 lint: $(INSTALLED_DEV)

@@ -13,7 +13,10 @@ drives closed-loop load. Prints, per event loop:
 - the loop probe's lag and the model stage's wall time (how saturated the loop was).
 
 Run: .venv/bin/python bench/whole_loop.py [--loops asyncio,uvloop] [--requests 300]
-     [--concurrency 32] [--stream-every 0] [--json out.json]
+     [--concurrency 32] [--stream-every 0] [--parse-units 4] [--rounds 1] [--json out.json]
+
+``--parse-units 12 --concurrency 64 --requests 192`` is the saturated-loop test's setup
+(``tests/loop/test_whole_loop.py``); each result line also gives the model wait's error.
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ print(json.dumps(out))
 """
 
 
-def run(loop: str, requests: int, concurrency: int, stream_every: int) -> dict[str, Any]:
+def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_units: float) -> dict[str, Any]:
     model = ModelServer("--prefill-ms", "40", "--decode-ms", "2")
-    proxy = Proxy(model.url)
+    proxy = Proxy(model.url, parse_units=parse_units)
     try:
         with tracekit.record() as rec:
             server = Server(proxy.app, loop=loop, http="httptools")
@@ -98,6 +101,8 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int) -> dict[s
         if len(proxy.model_ms) > served_before else None,
         "direct_probe_p50_ms": round(statistics.median(direct), 1) if direct else None,
         "model_wait_p50_ms": round(statistics.median(a[sc.WAIT_MS] for a in models), 1),
+        "model_wait_error": round(statistics.median(a[sc.WAIT_MS] for a in models)
+                                  / statistics.median(proxy.model_ms[served_before:]) - 1, 3),
         "model_stage_wall_p50_ms": round(statistics.median(a[sc.WALL_MS] for a in models), 1),
         "lag_p50_ms_by_window": [round(w.get(sc.LOOP_LAG_P50_MS, 0), 1) for w in windows],
         "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -111,10 +116,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--stream-every", type=int, default=0)
+    parser.add_argument("--parse-units", type=float, default=4.0,
+                        help="the proxy's unstaged CPU after the model call (~1 ms a unit)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per loop, loops alternating")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
-    results = [run(loop, args.requests, args.concurrency, args.stream_every)
-               for loop in args.loops.split(",")]  # fmt: skip
+    results = [run(loop, args.requests, args.concurrency, args.stream_every, args.parse_units)
+               for _ in range(args.rounds) for loop in args.loops.split(",")]  # fmt: skip
     for result in results:
         print(json.dumps(result))
     if args.json:

@@ -22,9 +22,11 @@ from tracekit._export import tracing
 from .proxy import ModelServer, Proxy, drive_load, thread_cpu_ns
 
 LOOPS = ["asyncio", "uvloop"]
-# Model wait against the model server's own time on a saturated loop: measured from -28% to
-# +64% over runs on this host (docs/attributes.md; +48% and +64% in 2 of 15 runs on 2026-12-04,
-# so 40% failed CI now and then); booking the loop's queueing as model wait gave +100% and more.
+# Model wait against the model server's own time on a saturated loop: +17% to +53% over 11 runs
+# of this test's setup on a quiet host (2026-12-06, both loops, the loop 92-96% busy), +18% to
+# +59% in `bench/whole_loop.py --parse-units 12 --concurrency 64 --requests 192 --rounds 4`;
+# booking the loop's queueing as model wait gives +100% and more. The estimator's bias at
+# saturation: docs/attributes.md, "The loop-wait estimator".
 TOLERANCE = 0.75
 
 
@@ -39,6 +41,7 @@ def model() -> Any:
     server.stop()
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_loop_threads_cpu_is_accounted_for(loop: str, model: ModelServer, serve: Any) -> None:
     """Spawned upstream tasks, post-response logging tasks, callbacks and streams: the CPU
@@ -82,6 +85,7 @@ def test_the_loop_threads_cpu_is_accounted_for(loop: str, model: ModelServer, se
     assert not [s for s in spans if s.attributes.get(sc.STAGE) == "spawned task"]
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("loop", LOOPS)
 def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, model: ModelServer,
                                                                   serve: Any) -> None:  # fmt: skip
@@ -110,8 +114,9 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     lags = [w[sc.LOOP_LAG_P50_MS] for w in _windows(spans) if sc.LOOP_LAG_P50_MS in w]
     where = f"model server {own:.1f} ms, traced wait {wait:.1f}, stage wall {wall:.1f}, lags {lags}"
     # Saturated enough that booking the loop's queueing as model wait would exceed TOLERANCE
-    # (wall >= 1.85x own: such a wait would be >= 85% over). At parse_units=8 a CI run had 1.82x;
-    # at 12 a busy host gives 13-16x.
+    # (wall >= 1.85x own: such a wait would be >= 85% over): 10-12x own in 11 runs. With the
+    # load generator in a thread of this process it took the GIL's share, and 1 run in 3 had
+    # 1.7-2.4x on uvloop (the loop 75-78% busy).
     assert wall >= (1 + TOLERANCE + 0.1) * own, "the loop was not saturated: " + where
     assert abs(wait - own) <= TOLERANCE * own, where
     requests = [s.attributes for s in spans if s.kind.name == "SERVER"]
