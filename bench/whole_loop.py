@@ -7,9 +7,10 @@ drives closed-loop load. Prints, per event loop:
 
 - the loop thread's CPU from ``/proc/self/task/<tid>/schedstat`` against tracekit's loop
   windows: attributed (requests + GC + tracekit) and background;
-- the model stage's wait p50 against the model server's own service time (``x-model-ms``,
-  measured in its process) and a direct probe (a separate process calling the model server
-  one request at a time during the load);
+- the model stage's wait p50 against the model server's own time (from the request's
+  body written to the reply done, by its ``x-model-done-ns``: ``tests/loop/proxy.py``) and
+  a direct probe (a separate process calling the model server one request at a time during
+  the load);
 - the loop probe's lag and the model stage's wall time (how saturated the loop was).
 
 Run: .venv/bin/python bench/whole_loop.py [--loops asyncio,uvloop] [--requests 300]

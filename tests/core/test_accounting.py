@@ -10,7 +10,7 @@ import pytest
 
 import tracekit
 from tracekit import semconv as sc
-from tracekit._core import clock, event_loop
+from tracekit._core import clock, event_loop, ledger
 from tracekit._core.ledger import covered_ns
 from tracekit.testing import FakeClock
 
@@ -166,12 +166,56 @@ def test_estimator_takes_the_probed_lag_for_unknown_readiness() -> None:
     assert event_loop.estimate_loop_wait(state, 90 * MS, int(100.5 * MS), None) == int(10.5 * MS)
     # A measurement older than the suspension says nothing about it.
     assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == 0
-    # The probe's timer overdue since 20 ms: one long block; half of it.
+    # The probe's timer overdue since 80.5 ms, longer than the lag: clipped to the suspension.
     state.probe_due = int(80.5 * MS)
     assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == int(4.5 * MS)
-    assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == 30 * MS
     # The loop idle for longer than GAP_NS before the resumption: the readiness came then.
     assert event_loop.estimate_loop_wait(state, 0, 100 * MS + event_loop.GAP_NS + 1, None) == 0
+
+
+def test_estimator_counts_the_probes_overdue_time_whole_after_short_slices() -> None:
+    # A saturated loop: the probe's timer was due at 50 ms, and many short slices have run
+    # since; work made ready by then has waited 50 ms at 100 ms, more than the last lag.
+    state = event_loop.ThreadState()
+    state.probe_due = 50 * MS
+    for start in range(0, 100, 2):
+        event_loop.record_slice(state, start * MS, start * MS + 1_900_000)
+    state.lag, state.lag_at = 20 * MS, 45 * MS
+    assert event_loop.estimate_loop_wait(state, 10 * MS, 100 * MS, None) == 50 * MS
+
+
+def test_estimator_counts_half_of_one_block_across_the_probes_deadline() -> None:
+    # One traced slice held the loop from 40 to 100 ms across the deadline at 50 ms: the
+    # readiness came at an unknown point of it, so half of its 50 ms after the deadline.
+    state = event_loop.ThreadState()
+    state.probe_due = 50 * MS
+    event_loop.record_slice(state, 40 * MS, 100 * MS)
+    assert event_loop.estimate_loop_wait(state, 10 * MS, 100 * MS, None) == 25 * MS
+    # Short slices after the block count whole: 25 ms of the block and the 10 ms after it.
+    event_loop.record_slice(state, 100 * MS, 105 * MS)
+    event_loop.record_slice(state, 105 * MS, 110 * MS)
+    assert event_loop.estimate_loop_wait(state, 10 * MS, 110 * MS, None) == 35 * MS
+    # The next deadline, with no slice across it: the earlier block is not this one's.
+    state.probe_due = 120 * MS
+    event_loop.record_slice(state, 110 * MS, 119 * MS)
+    event_loop.record_slice(state, 121 * MS, 130 * MS)
+    assert event_loop.estimate_loop_wait(state, 10 * MS, 130 * MS, None) == 10 * MS
+
+
+def test_only_the_checkpoint_right_before_a_wait_for_io_is_part_of_it() -> None:
+    # anyio's stream yields after writing a request's headers (the server waits for the
+    # body: loop wait), writes the body in a short step, yields again (the model works
+    # meanwhile: part of the wait for the reply), then waits for the reply.
+    state = event_loop.ThreadState()
+    event_loop.record_slice(state, 0, 100 * MS)  # another request holds the loop throughout
+    state.lag, state.lag_at = 10 * MS, 95 * MS
+    led = ledger.Ledger(ledger.Site("model", "model"), None, None, 1, start=0)
+    for suspended, resumed, ready in ((0, 20 * MS, True), (20 * MS + 50_000, 40 * MS, True),
+                                      (40 * MS, 100 * MS, False)):  # fmt: skip
+        led.suspended_at, led.suspended_ready = suspended, ready
+        ledger.resume(led, state, None, resumed)
+    assert led.loop_wait == 20 * MS + 10 * MS  # the first checkpoint, and the reply's wait
+    assert led.waits == [(0, 20 * MS), (90 * MS, 10 * MS)]  # the intervals say the same
 
 
 def test_very_long_streams_keep_a_bounded_sample_of_gaps() -> None:

@@ -5,8 +5,12 @@ The shape of open-source LLM proxies (LiteLLM's, say), with tracekit added as a 
 post-processed there, unstaged; spend logging runs after the response as a background task
 the request spawns, and as a plain callback; streamed replies relay the model's chunks
 through Starlette's StreamingResponse (which runs the body in an anyio task group). The
-model server is a separate process (``examples/model_server.py``) that reports its own
-service time in the ``x-model-ms`` header, the independent measure of model wait.
+model server is a separate process (``examples/model_server.py``); the independent measure
+of model wait is its time from the request's body being written to the reply being done
+(``x-model-done-ns``, on the same system-wide monotonic clock as ``perf_counter_ns`` here).
+Not its ``x-model-ms``: that starts at the request's headers, and the server then waits
+for the body, which a busy gateway loop sends one loop iteration later (anyio yields to
+the loop after each write): that wait is the gateway's loop wait.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ class Proxy:
         self.model_url = model_url
         self.units = (tokenize_units, parse_units, log_units, callback_units)
         self.loop_tid = 0
-        self.model_ms: list[float] = []  # the model server's own service time, per call
+        self.model_ms: list[float] = []  # the model server's own time, per call (module doc)
+        self.written: dict[int, int] = {}  # task id: when its request's body was written
         self.background: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
         routes = [Route("/v1/chat/completions", self.completions, methods=["POST"])]
@@ -80,7 +85,13 @@ class Proxy:
 
     @tracekit.stage("model")
     async def call_model(self, body: dict[str, Any]) -> httpx.Response:
-        return await self._client().post("/v1/chat/completions", json=body)
+        return await self._client().post("/v1/chat/completions", json=body,
+                                         extensions={"trace": self._trace})  # fmt: skip
+
+    async def _trace(self, event: str, info: Any) -> None:
+        """httpcore's trace: the request's body is written next, in the same step."""
+        if event == "http11.send_request_body.started":
+            self.written[id(asyncio.current_task())] = time.perf_counter_ns()
 
     @tracekit.stage("model")
     async def stream_model(self, body: dict[str, Any]) -> Any:
@@ -92,7 +103,8 @@ class Proxy:
     async def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
         """The upstream call, as the proxy's router runs it: in a task of its own."""
         response = await self.call_model(body)
-        self.model_ms.append(float(response.headers["x-model-ms"]))
+        written = self.written.pop(id(asyncio.current_task()))
+        self.model_ms.append((int(response.headers["x-model-done-ns"]) - written) / 1e6)
         data: dict[str, Any] = response.json()
         spin(self.units[1])  # response post-processing, unstaged
         return data

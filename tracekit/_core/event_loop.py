@@ -24,10 +24,12 @@ when a suspended coroutine resumes at ``resumed`` after suspending at ``suspende
    outside waits there now: the loop probe's latest measurement if it was made during the
    suspension (``ThreadState.lag``,
    :mod:`tracekit._core.loop_view`: a timer whose callback makes a second callback ready,
-   as an I/O callback makes a task ready), or half the time the probe's pending timer has
-   been overdue if that is longer (one long block, which the latest measurement predates:
-   the readiness came at an unknown point of it), and never longer than the busy run ending
-   at the resumption (clipped to the suspension). Otherwise the loop was idle when the
+   as an I/O callback makes a task ready), or the time the probe's pending timer has been
+   overdue if that is longer: work made ready then is still waiting, as the resumed
+   coroutine did (the latest measurement predates it). Of a traced slice that held the loop
+   across the timer's deadline only half its time after the deadline counts (one long block:
+   the readiness came at an unknown point of it). Never longer than the busy run ending at
+   the resumption (clipped to the suspension). Otherwise the loop was idle when the
    readiness came: loop_wait = 0.
 """
 
@@ -65,9 +67,10 @@ class ThreadState:
     ``lag`` and ``view`` by :mod:`tracekit._core.loop_view`; everything else by this module.
     """
 
-    __slots__ = ("busy_cpu", "busy_wall", "cell", "cpu_at", "cpu_last", "gc", "ident", "lag",
-                 "lag_at", "last_end", "loop", "name", "probe_due", "run_start", "seq", "slice_c0",
-                 "slice_start", "task", "top", "view", "watched")  # fmt: skip
+    __slots__ = ("block_due", "block_end", "busy_cpu", "busy_wall", "cell", "cpu_at", "cpu_last",
+                 "gc", "ident", "lag", "lag_at", "last_end", "loop", "name", "probe_due",
+                 "run_start", "seq", "slice_c0", "slice_start", "task", "top", "view",
+                 "watched")  # fmt: skip
 
     def __init__(self) -> None:
         thread = threading.current_thread()
@@ -99,6 +102,9 @@ class ThreadState:
         # When the loop probe's pending timer is due (0: none pending); a resumption after it
         # with the probe not yet run has waited for the loop at least since then.
         self.probe_due = 0
+        # The end of the traced slice that held the loop across the probe deadline
+        # ``block_due`` (the estimator counts half of that slice's time after the deadline).
+        self.block_due = self.block_end = 0
         self.watched: object = None  # the watchdog sampling this thread (see _watchdog.py)
         # Where a watchdog polling without the GIL reads slice_start: an array('q') of one
         # item, None when no such watchdog watches this thread (see _watchdog.py).
@@ -174,6 +180,10 @@ def record_slice(state: ThreadState, start: int, end: int) -> None:
         state.run_start = start
     state.last_end = end
     state.busy_wall += end - start
+    due = state.probe_due
+    if start < due < end:
+        state.block_due = due
+        state.block_end = end
 
 
 def _awaited(node: Any) -> Any:
@@ -260,9 +270,13 @@ def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaitin
         return 0
     lag = state.lag if state.lag_at > suspended else 0  # measured during this suspension only
     due = state.probe_due
-    # The probe's timer overdue: the loop has been held since (one long block, which the last
-    # measurement predates); the readiness came somewhere in there: half of it, like the run.
-    if due and (resumed - due) // 2 > lag:
-        lag = (resumed - due) // 2
+    if due and resumed - due > lag:
+        # The probe's timer overdue: work made ready by then waits still. A slice that held the
+        # loop across the deadline counts half (the readiness came at an unknown point of it).
+        overdue = resumed - due
+        if state.block_due == due:
+            overdue -= (min(state.block_end, resumed) - due) // 2
+        if overdue > lag:
+            lag = overdue
     run = resumed - max(state.run_start, suspended)
     return lag if lag < run else run

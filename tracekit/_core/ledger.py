@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 MS: Final = 1e6
 SLICE_NOTE_NS: Final = 1_000_000  # slices/waits at least this long are kept for the loop timeline
 MAX_NOTES: Final = 32  # per ledger; the longest are kept
-# Checkpoints resumed this close together are one run; a run this close before a wait for I/O
-# is part of that wait (resume).
+# A checkpoint resumed this close before a wait for I/O is part of that wait (resume).
 CHECKPOINT_GAP_NS: Final = 200_000
 
 
@@ -161,8 +160,8 @@ class Ledger:
         # Its coroutine suspended already ready to resume (a bare yield: ``asyncio.sleep(0)``,
         # anyio's checkpoints): the task is rescheduled at once, all of the suspension is loop wait.
         self.suspended_ready = False
-        # The run of checkpoints (bare yields) since the last other suspension: when it
-        # began, when its last one resumed, and the loop wait booked for it (0: none), see resume().
+        # The last checkpoint (bare yield) since the last other suspension: when it suspended,
+        # when it resumed, and the loop wait booked for it (0: none), see resume().
         self.checkpoint_at = self.checkpoint_end = self.checkpoint_wait = 0
         # A sync call's ledger (tracekit._core.stage_timing.step_in): code running while its step is
         # open is synchronous, so a block entered there can take the step over.
@@ -273,12 +272,11 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) 
 
     A suspension is one of: ready at once (a bare yield: a checkpoint): all loop wait; on a
     lock, semaphore or queue: queue wait; anything else (I/O, mostly): the loop wait the
-    estimator gives, the rest wait. A run of checkpoints taken just before waiting for I/O
-    (after sending a request, anyio's streams check for cancellation before they wait for
-    data) overlaps that wait: their loop wait counts only from when the data arrived
-    (resumption - estimated loop wait) on, as the request would not have gone faster
-    without it. A run is checkpoints resumed less than ``CHECKPOINT_GAP_NS`` apart: the
-    step that sends the request does more work than that, and ends the run before it.
+    estimator gives, the rest wait. A checkpoint taken right before waiting for I/O is part
+    of that wait, not loop wait (and not noted as one): anyio's stream yields once after each
+    write, and after the request's body is written the model is already working. Only the
+    last checkpoint is: the ones before it come before a step that may still write (anyio's
+    yield after the headers comes before the body is sent, and the server waits for the body).
     """
     suspended = led.suspended_at
     led.suspended_at = 0
@@ -287,10 +285,8 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) 
     held = now - suspended
     if led.suspended_ready:
         waited = held
-        if suspended - led.checkpoint_end >= CHECKPOINT_GAP_NS or not led.checkpoint_wait:
-            led.checkpoint_at = suspended  # a new run of checkpoints
-            led.checkpoint_wait = 0
-        led.checkpoint_wait += held
+        led.checkpoint_at = suspended
+        led.checkpoint_wait = held
         led.checkpoint_end = now
     elif held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
         led.queued += held
@@ -298,13 +294,14 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) 
         return
     else:
         waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting)
-        checkpoints = led.checkpoint_wait
-        if checkpoints:
+        checkpoint = led.checkpoint_wait
+        if checkpoint:
             led.checkpoint_wait = 0
             if suspended - led.checkpoint_end < CHECKPOINT_GAP_NS:  # right before this wait
-                overlapped = now - waited - led.checkpoint_at  # from the run's start to the data
-                if overlapped > 0:
-                    led.loop_wait -= overlapped if overlapped < checkpoints else checkpoints
+                led.loop_wait -= checkpoint
+                noted = (led.checkpoint_at, checkpoint)
+                if led.waits is not None and noted in led.waits:
+                    led.waits.remove(noted)
     if waited:
         led.loop_wait += waited
         if waited >= SLICE_NOTE_NS:

@@ -1,18 +1,19 @@
 """A stage's recorded loop waits, as the replay reads them.
 
-The recorder books a run of checkpoints taken right before a wait for I/O (after sending a
-request, anyio's streams check for cancellation before they wait for the reply) as loop
-wait only from the data's arrival on: the rest overlapped the I/O, and the request would not
-have gone faster without it (``tracekit/_core/ledger.py``, ``resume``; ``docs/attributes.md``,
-"Checkpoints before I/O"). It takes that part out of the stage's ``tracekit.loop_wait_ms``
-but not out of its ``tracekit.loop_waits_us`` intervals, where each checkpoint's wait of 1 ms
-or more is already noted. The replay turns the time between a stage's steps into delays
-*less its recorded loop waits*, so read as recorded those intervals took the overlapped I/O
-out of the delays: a streamed model call on a busy loop (a chain of checkpoints, each ready
-at once and waiting for the loop while the model worked) kept 19 ms of its 195 ms of I/O,
-and open arrivals at 20-30 requests/s replayed 16-24% short (``bench/validate.py``'s
-`cpu-on-loop` and `blocking-call-on-loop` cases; on their recordings the intervals added up
-to 1.2-1.45 times the stages' ``loop_wait_ms``).
+Recordings made before 2026-12-06 book a run of checkpoints taken right before a wait for I/O
+(after sending a request, anyio's streams check for cancellation before they wait for the
+reply) as loop wait only from the data's arrival on: the rest overlapped the I/O. Those
+recorders took that part out of the stage's ``tracekit.loop_wait_ms`` but not out of its
+``tracekit.loop_waits_us`` intervals, where each checkpoint's wait of 1 ms or more was already
+noted. The replay turns the time between a stage's steps into delays *less its recorded loop
+waits*, so read as recorded those intervals took the overlapped I/O out of the delays: a
+streamed model call on a busy loop (a chain of checkpoints, each ready at once and waiting
+for the loop while the model worked) kept 19 ms of its 195 ms of I/O, and open arrivals at
+20-30 requests/s replayed 16-24% short (``bench/validate.py``'s `cpu-on-loop` and
+`blocking-call-on-loop` cases; on their recordings the intervals added up to 1.2-1.45 times
+the stages' ``loop_wait_ms``). The recorder now counts only the last checkpoint before the
+wait as part of it and drops its interval too (``tracekit/_core/ledger.py``, ``resume``;
+``docs/attributes.md``, "The checkpoint before I/O"): its intervals add up to the sum.
 
 The correction applies the recorder's own rule to the intervals: where they add up to more
 than ``loop_wait_ms`` (by more than :data:`SLACK_NS`), the excess is cut from the earliest
