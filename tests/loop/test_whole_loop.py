@@ -23,12 +23,14 @@ from tracekit._export import tracing
 from .proxy import ModelServer, Proxy, drive_load, thread_cpu_ns
 
 LOOPS = ["asyncio", "uvloop"]
-# Model wait against the model server's own time on a saturated loop: within 10% in
-# `bench/loop_wait_truth.py --rounds 2` (both loops, the loop 92-96% busy); with the
-# estimator before 2026-12-06 (the probe's overdue time counted half, every checkpoint of a
-# run before a wait for I/O counted as that wait) +40% and more. Booking the loop's queueing
-# as model wait gives +100% and more. docs/attributes.md, "The loop-wait estimator".
-TOLERANCE = 0.35
+# Model wait against the model server's own time on a saturated loop: -5% to +9% in
+# `bench/loop_wait_truth.py --rounds 2` (plain Python), -30% to +11% in 7 compiled runs of
+# `bench/whole_loop.py --parse-units 12 --concurrency 64 --requests 192` (6 within 11%; both
+# loops, the loop 92-96% busy); with the estimator before 2026-12-06 (the probe's overdue time
+# counted half, every checkpoint of a run before a wait for I/O counted as that wait) +80%.
+# Booking the loop's queueing as model wait gives +100% and more. docs/attributes.md, "The
+# loop-wait estimator".
+TOLERANCE = 0.45
 
 
 def _windows(spans: list[Any]) -> list[dict[str, Any]]:
@@ -115,7 +117,7 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     lags = [w[sc.LOOP_LAG_P50_MS] for w in _windows(spans) if sc.LOOP_LAG_P50_MS in w]
     where = f"model server {own:.1f} ms, traced wait {wait:.1f}, stage wall {wall:.1f}, lags {lags}"
     # Saturated enough that booking the loop's queueing as model wait would exceed TOLERANCE
-    # (wall >= 1.45x own: such a wait would be >= 45% over): 10-12x own in 11 runs. With the
+    # (wall >= 1.55x own: such a wait would be >= 55% over): 10-12x own in 11 runs. With the
     # load generator in a thread of this process it took the GIL's share, and 1 run in 3 had
     # 1.7-2.4x on uvloop (the loop 75-78% busy).
     assert wall >= (1 + TOLERANCE + 0.1) * own, "the loop was not saturated: " + where
