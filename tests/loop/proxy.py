@@ -8,9 +8,9 @@ through Starlette's StreamingResponse (which runs the body in an anyio task grou
 model server is a separate process (``examples/model_server.py``); the independent measure
 of model wait is its time from the request's body being written to the reply being done
 (``x-model-done-ns``, on the same system-wide monotonic clock as ``perf_counter_ns`` here).
-Not its ``x-model-ms``: that starts at the request's headers, and the server then waits
-for the body, which a busy gateway loop sends one loop iteration later (anyio yields to
-the loop after each write): that wait is the gateway's loop wait.
+Until 2026-12-06 the server's ``x-model-ms`` started at the request's headers, and the
+server then waited for the body, which a busy gateway loop sends one loop iteration later
+(anyio yields to the loop after each write): that wait is the gateway's loop wait.
 """
 
 from __future__ import annotations

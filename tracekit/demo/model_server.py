@@ -11,8 +11,9 @@ batch makes every step a little slower (``--batch-cost 0``, the default, keeps a
 ``--max-num-seqs 1``: one request at a time, a server without continuous batching. The
 default, 256, is vLLM's.
 
-A non-streamed reply carries the server's own service time in the ``x-model-ms`` header (a
-measure of the model wait independent of the gateway's tracing).
+A non-streamed reply carries the server's own service time, from the whole request received,
+in the ``x-model-ms`` header (a measure of the model wait independent of the gateway's
+tracing), and the moment it was done in ``x-model-done-ns`` (``perf_counter_ns``).
 
 With ``--otlp-traces-endpoint URL`` (vLLM's flag), each request ends with a SERVER span
 ``llm_request`` exported over OTLP, in the trace of the caller's ``traceparent`` header,
@@ -266,8 +267,9 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
             tracing.record(timeline, request.headers, time.perf_counter())
 
     async def completions(request: Request) -> Any:
-        began = time.perf_counter()
         body = await request.json()
+        # From the whole request received: not the wait for a body a busy caller sends late.
+        began = time.perf_counter()
         timeline = Timeline(f"cmpl-{next(ids)}", _prompt_tokens(body.get("messages")),
                             int(body.get("max_tokens", 16)))  # fmt: skip
         created = int(time.time())
