@@ -35,27 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 import tracekit  # noqa: E402
 from tests.conftest import Server  # noqa: E402
-from tests.loop.proxy import ModelServer, Proxy, drive_load, spin  # noqa: E402
+from tests.loop.proxy import ModelServer, Proxy, drive_load  # noqa: E402
 from tracekit import semconv as sc  # noqa: E402
 from tracekit._core import event_loop  # noqa: E402
 from tracekit._export import tracing  # noqa: E402
-
-
-class TruthProxy(Proxy):
-    """The proxy, noting which task received each reply and when the server finished it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.done: list[tuple[int, int]] = []  # (id of the receiving task, x-model-done-ns)
-
-    async def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self.call_model(body)
-        task, done = id(asyncio.current_task()), int(response.headers["x-model-done-ns"])
-        self.done.append((task, done))
-        self.model_ms.append((done - self.written.pop(task)) / 1e6)
-        data: dict[str, Any] = response.json()
-        spin(self.units[1])
-        return data
 
 
 def run(loop: str, requests: int, concurrency: int, parse_units: float) -> dict[str, Any]:
@@ -68,7 +51,7 @@ def run(loop: str, requests: int, concurrency: int, parse_units: float) -> dict[
         return waited
 
     model = ModelServer("--prefill-ms", "40", "--decode-ms", "2")
-    proxy = TruthProxy(model.url, parse_units=parse_units)
+    proxy = Proxy(model.url, parse_units=parse_units)
     event_loop.estimate_loop_wait = logged  # type: ignore[assignment]
     try:
         with tracekit.record() as rec:
@@ -78,7 +61,7 @@ def run(loop: str, requests: int, concurrency: int, parse_units: float) -> dict[
                 time.sleep(0.3)
                 tracing.flush_all()
                 before = len(rec.spans)
-                del log[:], proxy.done[:], proxy.model_ms[:]
+                del log[:], proxy.replies[:], proxy.model_ms[:]
                 drive_load(server.url, requests, concurrency)
                 time.sleep(0.5)
                 tracing.flush_all()
@@ -92,14 +75,14 @@ def run(loop: str, requests: int, concurrency: int, parse_units: float) -> dict[
     for task, suspended, resumed, waited in log:
         by_task.setdefault(task, []).append((suspended, resumed, waited))
     truths, errors = [], []
-    for task, done in proxy.done:
+    for task, done in proxy.replies:
         for suspended, resumed, waited in by_task.get(task, ()):
             if suspended <= done < resumed:
                 truths.append((resumed - done) / 1e6)
                 errors.append((waited - (resumed - done)) / 1e6)
     waits = [s.attributes[sc.WAIT_MS] for s in spans if s.attributes.get(sc.STAGE) == "model"]
     return {
-        "loop": loop, "replies": len(proxy.done), "matched": len(truths),
+        "loop": loop, "replies": len(proxy.replies), "matched": len(truths),
         "truth_p50_ms": round(statistics.median(truths), 1),
         "truth_mean_ms": round(statistics.fmean(truths), 1),
         "error_mean_ms": round(statistics.fmean(errors), 1),

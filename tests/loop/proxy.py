@@ -64,6 +64,7 @@ class Proxy:
         self.loop_tid = 0
         self.model_ms: list[float] = []  # the model server's own time, per call (module doc)
         self.written: dict[int, int] = {}  # task id: when its request's body was written
+        self.replies: list[tuple[int, int]] = []  # (id of the receiving task, x-model-done-ns)
         self.background: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
         routes = [Route("/v1/chat/completions", self.completions, methods=["POST"])]
@@ -103,8 +104,9 @@ class Proxy:
     async def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
         """The upstream call, as the proxy's router runs it: in a task of its own."""
         response = await self.call_model(body)
-        written = self.written.pop(id(asyncio.current_task()))
-        self.model_ms.append((int(response.headers["x-model-done-ns"]) - written) / 1e6)
+        task, done = id(asyncio.current_task()), int(response.headers["x-model-done-ns"])
+        self.replies.append((task, done))
+        self.model_ms.append((done - self.written.pop(task)) / 1e6)
         data: dict[str, Any] = response.json()
         spin(self.units[1])  # response post-processing, unstaged
         return data

@@ -104,9 +104,9 @@ def test_a_task_cancelled_before_it_starts_warns_about_nothing() -> None:
         await asyncio.sleep(0)
         await _respond(send)
 
-    # Garbage of earlier tests (sockets an earlier test's client left open, 16 in one run of
-    # the whole suite) is collected first, under the usual filters: below, its warnings would
-    # be errors raised in __del__ and fail this test.
+    # Garbage of earlier tests is collected first, under the usual filters: below, its
+    # warnings would be errors raised in __del__ and fail this test (an OpenAI client a demo
+    # test left open did, 2 full runs in 3, until that test closed it).
     gc.collect()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "coroutine ... was never awaited" would raise

@@ -97,7 +97,6 @@ class Ledger:
         "__dict__",
         "active_children",
         "checkpoint_at",
-        "checkpoint_end",
         "checkpoint_wait",
         "child_spans",
         "cpu_off",
@@ -160,9 +159,9 @@ class Ledger:
         # Its coroutine suspended already ready to resume (a bare yield: ``asyncio.sleep(0)``,
         # anyio's checkpoints): the task is rescheduled at once, all of the suspension is loop wait.
         self.suspended_ready = False
-        # The last checkpoint (bare yield) since the last other suspension: when it suspended,
-        # when it resumed, and the loop wait booked for it (0: none), see resume().
-        self.checkpoint_at = self.checkpoint_end = self.checkpoint_wait = 0
+        # The last checkpoint (bare yield) since the last other suspension: when it suspended
+        # and the loop wait booked for it, its whole length (0: none), see resume().
+        self.checkpoint_at = self.checkpoint_wait = 0
         # A sync call's ledger (tracekit._core.stage_timing.step_in): code running while its step is
         # open is synchronous, so a block entered there can take the step over.
         self.sync_call = False
@@ -287,7 +286,6 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) 
         waited = held
         led.checkpoint_at = suspended
         led.checkpoint_wait = held
-        led.checkpoint_end = now
     elif held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
         led.queued += held
         led.checkpoint_wait = 0
@@ -297,7 +295,7 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) 
         checkpoint = led.checkpoint_wait
         if checkpoint:
             led.checkpoint_wait = 0
-            if suspended - led.checkpoint_end < CHECKPOINT_GAP_NS:  # right before this wait
+            if suspended - (led.checkpoint_at + checkpoint) < CHECKPOINT_GAP_NS:  # right before it
                 led.loop_wait -= checkpoint
                 noted = (led.checkpoint_at, checkpoint)
                 if led.waits is not None and noted in led.waits:
