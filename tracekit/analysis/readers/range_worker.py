@@ -5,7 +5,7 @@
 reads its range with the readers' line loop (:func:`tracekit.analysis.readers.files.json_lines`)
 into a :class:`~tracekit.analysis.pipeline.Pipeline`, takes the end state of the previous
 range's worker, assembles the spans it set aside on it, answers the parent (a
-:class:`Partial`, then the part of its packed sample the parent asks for), and hands its own
+:class:`Partial`, then the part of its packed sample the parent asks for, in chunks), and hands its own
 end state to the next range's worker. Errors go to the parent as messages; the first range in file
 order that failed is the one reported.
 """
@@ -28,13 +28,17 @@ from tracekit.analysis.readers.packing import pack
 from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.errors import TracekitError
 
-__all__ = ["BOM", "Partial", "Plan", "worker_main"]
+__all__ = ["BOM", "SAMPLE_CHUNK", "Partial", "Plan", "worker_main"]
 
 # A worker's read buffer holds whole lines (~500 kB each from tracekit's exporter): reading
 # a line is then one copy, where the default 8 kB buffer gathers it piece by piece.
 _BUFFER_BYTES = 4 * 2**20
 #: A UTF-8 byte order mark, skipped at the start of a file.
 BOM = b"\xef\xbb\xbf"
+#: Packed requests per message of a worker's sample (~1.2 kB each): pickled whole, the
+#: ~20,000 of a range were one more copy of the sample in the worker and in the parent at
+#: the moment the summed RSS peaks (docs/performance-analyzer.md).
+SAMPLE_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,10 @@ def _work(
         )  # fmt: skip
         parent.send(("ok", partial))
         cutoff = parent.recv()
-        parent.send(("sample", [packed for key, packed in kept if cutoff is None or key >= cutoff]))
+        chosen = [packed for key, packed in kept if cutoff is None or key >= cutoff]
+        for at in range(0, len(chosen), SAMPLE_CHUNK):  # pickled a chunk at a time
+            parent.send(("sample", chosen[at : at + SAMPLE_CHUNK]))
+        parent.send(("sample", None))  # the end of the sample
         if following is not None:
             handed_on = True
             # A neighbour that failed has gone: its own error is what gets reported.
