@@ -27,6 +27,7 @@ Breakdown of a request (DESIGN §4), in ms, for instrumented requests only:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import Any
 
 from tracekit.analysis.assembly.request_records import compact, reshare
@@ -172,7 +173,7 @@ class Aggregator:
         if sample:
             self.adopt_sample([entry[4] for entry in other._sample])
 
-    def adopt_sample(self, requests: list[RequestRecord | bytes]) -> None:
+    def adopt_sample(self, requests: Sequence[RequestRecord | bytes]) -> None:
         """Offer already compacted (or packed) requests to the sample, not to the statistics."""
         for req in requests:
             if type(req) is bytes:
