@@ -7,7 +7,9 @@ the request spawns, and as a plain callback; streamed replies relay the model's 
 through Starlette's StreamingResponse (which runs the body in an anyio task group). The
 model server is a separate process (``examples/model_server.py``); the independent measure
 of model wait is its time from the request's body being written to the reply being done
-(``x-model-done-ns``, on the same system-wide monotonic clock as ``perf_counter_ns`` here).
+(``x-model-done-ns``, on the same system-wide monotonic clock as ``perf_counter_ns`` here),
+and for a streamed reply the send time of its headers (``x-sent-ns``) and of each chunk
+(``x_sent_ns``).
 Until 2026-12-06 the server's ``x-model-ms`` started at the request's headers, and the
 server then waited for the body, which a busy gateway loop sends one loop iteration later
 (anyio yields to the loop after each write): that wait is the gateway's loop wait.
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,21 @@ from starlette.routing import Route
 import tracekit
 
 ROOT = Path(__file__).resolve().parents[2]
+_SENT = re.compile(r'"x_sent_ns": (\d+)')  # a streamed chunk's send time (the model server)
+_TASK_KEYS: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+_NEXT_KEY = itertools.count()
+
+
+def task_key() -> int:
+    """The running task's number, never reused (an ``id()`` is, once a task is freed); -1
+    outside a task."""
+    task = asyncio.current_task()
+    if task is None:
+        return -1
+    key = _TASK_KEYS.get(task)
+    if key is None:
+        key = _TASK_KEYS[task] = next(_NEXT_KEY)
+    return key
 
 
 def spin(units: float) -> int:
@@ -64,7 +84,9 @@ class Proxy:
         self.loop_tid = 0
         self.model_ms: list[float] = []  # the model server's own time, per call (module doc)
         self.written: dict[int, int] = {}  # task id: when its request's body was written
-        self.replies: list[tuple[int, int]] = []  # (id of the receiving task, x-model-done-ns)
+        self.replies: list[tuple[int, int]] = []  # (the receiving task's task_key(), x-model-done-ns)
+        # (the relaying task's task_key(), when the model server sent a streamed reply's headers or a chunk)
+        self.chunks: list[tuple[int, int]] = []
         self.background: set[asyncio.Task[Any]] = set()
         self.client: httpx.AsyncClient | None = None
         routes = [Route("/v1/chat/completions", self.completions, methods=["POST"])]
@@ -92,11 +114,12 @@ class Proxy:
     async def _trace(self, event: str, info: Any) -> None:
         """httpcore's trace: the request's body is written next, in the same step."""
         if event == "http11.send_request_body.started":
-            self.written[id(asyncio.current_task())] = time.perf_counter_ns()
+            self.written[task_key()] = time.perf_counter_ns()
 
     @tracekit.stage("model")
     async def stream_model(self, body: dict[str, Any]) -> Any:
         async with self._client().stream("POST", "/v1/chat/completions", json=body) as response:
+            self.chunks.append((task_key(), int(response.headers["x-sent-ns"])))
             async for line in response.aiter_lines():
                 if line:
                     yield line
@@ -104,7 +127,7 @@ class Proxy:
     async def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
         """The upstream call, as the proxy's router runs it: in a task of its own."""
         response = await self.call_model(body)
-        task, done = id(asyncio.current_task()), int(response.headers["x-model-done-ns"])
+        task, done = task_key(), int(response.headers["x-model-done-ns"])
         self.replies.append((task, done))
         self.model_ms.append((done - self.written.pop(task)) / 1e6)
         data: dict[str, Any] = response.json()
@@ -136,6 +159,9 @@ class Proxy:
 
         async def relay() -> Any:
             async for line in self.stream_model(body):
+                sent = _SENT.search(line)
+                if sent is not None:
+                    self.chunks.append((task_key(), int(sent.group(1))))
                 spin(self.units[1] / 10)
                 yield line + "\n\n"
             self.after_response({"streamed": True})
