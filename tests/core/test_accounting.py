@@ -164,7 +164,11 @@ def test_estimator_takes_the_probed_lag_for_unknown_readiness() -> None:
     assert event_loop.estimate_loop_wait(state, 0, int(100.5 * MS), None) == 30 * MS
     # Never more than the busy run, clipped to the suspension.
     assert event_loop.estimate_loop_wait(state, 90 * MS, int(100.5 * MS), None) == int(10.5 * MS)
-    # A measurement older than the suspension says nothing about it.
+    # A measurement in the probe period before the suspension still speaks for it (a short
+    # suspension, a stream's next chunk, mostly contains none), clipped to the suspension...
+    assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == int(4.5 * MS)
+    # ... and one older than that says nothing about it.
+    state.lag_at = 96 * MS - event_loop.LAG_RECENT_NS
     assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == 0
     # The probe's timer overdue since 80.5 ms, longer than the lag: clipped to the suspension.
     state.probe_due = int(80.5 * MS)

@@ -118,7 +118,8 @@ class Proxy:
 
     @tracekit.stage("model")
     async def stream_model(self, body: dict[str, Any]) -> Any:
-        async with self._client().stream("POST", "/v1/chat/completions", json=body) as response:
+        async with self._client().stream("POST", "/v1/chat/completions", json=body,
+                                         headers={"x-stamp-chunks": "1"}) as response:  # fmt: skip
             self.chunks.append((task_key(), int(response.headers["x-sent-ns"])))
             async for line in response.aiter_lines():
                 if line:

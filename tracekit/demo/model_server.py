@@ -14,8 +14,9 @@ default, 256, is vLLM's.
 A non-streamed reply carries the server's own service time, from the whole request received,
 in the ``x-model-ms`` header (a measure of the model wait independent of the gateway's
 tracing), and the moment it was done in ``x-model-done-ns`` (``perf_counter_ns``); a
-streamed reply, the moment its headers were sent in ``x-sent-ns``, and each of its chunks the
-moment it was sent in ``x_sent_ns`` (clients ignore fields they do not know).
+streamed reply, the moment its headers were sent in ``x-sent-ns``, and, when the request has
+the header ``x-stamp-chunks: 1``, each of its chunks the moment it was sent in ``x_sent_ns``
+(``bench/loop_wait_truth.py``).
 
 With ``--otlp-traces-endpoint URL`` (vLLM's flag), each request ends with a SERVER span
 ``llm_request`` exported over OTLP, in the trace of the caller's ``traceparent`` header,
@@ -286,11 +287,15 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
             }, headers={"x-model-ms": f"{(time.perf_counter() - began) * 1000:.3f}",
                 "x-model-done-ns": str(time.perf_counter_ns())})  # fmt: skip
 
+        stamped = request.headers.get("x-stamp-chunks") == "1"
+
         async def events() -> AsyncIterator[str]:
             async for word in generate(timeline):
-                chunk = {"id": timeline.request_id, "object": "chat.completion.chunk", "model": "sim-1",
-                         "choices": [{"index": 0, "delta": {"content": word + " "}}],
-                         "x_sent_ns": time.perf_counter_ns()}  # as x-model-done-ns, per chunk
+                chunk: dict[str, Any] = {
+                    "id": timeline.request_id, "object": "chat.completion.chunk", "model": "sim-1",
+                    "choices": [{"index": 0, "delta": {"content": word + " "}}]}  # fmt: skip
+                if stamped:  # as x-model-done-ns, per chunk
+                    chunk["x_sent_ns"] = time.perf_counter_ns()
                 yield f"data: {json.dumps(chunk)}\n\n"
             finish(timeline, request)
             if (body.get("stream_options") or {}).get("include_usage"):  # as OpenAI and vLLM do
