@@ -37,6 +37,7 @@ def loop_span(
     probes: int = 0,
     inflight: int = 0,
     tasks: int | None = None,
+    runqueue: float | None = None,
 ) -> Span:
     """One window: CPU split in ms; the total and the busy ratio follow from it."""
     cpu = requests + gc_cpu + tracekit_cpu + background
@@ -61,6 +62,8 @@ def loop_span(
         attrs[semconv.LOOP_LAG_P50_MS], attrs[semconv.LOOP_LAG_P95_MS], attrs[semconv.LOOP_LAG_MAX_MS] = lag
     if tasks is not None:
         attrs[semconv.LOOP_TASKS] = tasks
+    if runqueue is not None:
+        attrs[semconv.LOOP_RUNQUEUE_MS] = runqueue
     n = next(_ids)
     return Span(f"{n:032x}", f"{n:016x}", None, semconv.LOOP_SPAN, "internal", at(start_ms),
                 at(start_ms + wall_ms), service, attrs)  # fmt: skip

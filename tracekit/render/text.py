@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tracekit.analysis.rules.findings import SEVERITIES
+from tracekit.analysis.stats.loop_windows import HOST_SHORT_SHARE
 
 _MIN_WIDTH = 40
 _BAR = 24
@@ -169,9 +170,6 @@ def render_text(
 #: listed in one line, not as a section: a readiness probe or a docs page has nothing on its
 #: request path to fix, and fixing it could save under 1% of the service's request time.
 MINOR_SHARE = 0.01
-#: The share of the loop's time waiting for a CPU (run-queue delay) from which the report says
-#: the host is short of CPU: a tenth of the time, enough to move every wait and step it holds.
-HOST_SHORT_SHARE = 0.10
 
 
 def minor_routes(routes: list[Mapping[str, Any]]) -> set[int]:

@@ -32,6 +32,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.host import quantile_range
 from tracekit.analysis.rules.findings import RuleContext
+from tracekit.analysis.stats.intervals import merge, overlap
 from tracekit.analysis.stats.loop_windows import LoopWindow, processes
 
 __all__ = ["RHO_CAP", "LoopLoad", "loop_load", "loop_loads", "queueing_projection", "utilisation_factor"]
@@ -52,8 +53,13 @@ class LoopLoad:
         processes: how many loops ran at once (worker processes sharing a thread name).
         wall_ms, cpu_ms, requests_cpu_ms, gc_cpu_ms, tracekit_cpu_ms, background_cpu_ms,
             gc_ms: the windows' sums.
-        busy: each window's busy ratio.
+        busy: each window's busy ratio while requests were in flight: its loop CPU over the
+            part of it that the requests' intervals cover (a window that a burst of requests
+            only begins or ends in reads as the busy loop it was, not as an idle one: in a
+            short recording those edge windows are most of them).
         lag_p50, lag_p95: each window's lag p50 and p95, where the probe ran.
+        runqueue_ms, runqueue_wall_ms: the loop thread's run-queue delay (waiting for a CPU)
+            and the wall time of the windows that measured it (Linux).
     """
 
     service: str
@@ -70,6 +76,13 @@ class LoopLoad:
     busy: list[float] = field(default_factory=list)
     lag_p50: list[float] = field(default_factory=list)
     lag_p95: list[float] = field(default_factory=list)
+    runqueue_ms: float = 0.0
+    runqueue_wall_ms: float = 0.0
+
+    @property
+    def cpu_wait_share(self) -> float | None:
+        """The share of the time the loop thread waited for a CPU (``None``: not measured)."""
+        return self.runqueue_ms / self.runqueue_wall_ms if self.runqueue_wall_ms > 0 else None
 
     @property
     def rho(self) -> float:
@@ -144,6 +157,7 @@ def loop_load(
         [r for r in requests if first <= r.start_ns < last],
         max(1, processes(inside)),
     )
+    serving = merge((r.start_ns, r.end_ns) for r in load.requests)
     for w in inside:
         load.wall_ms += w.wall_ms
         load.cpu_ms += w.cpu_ms
@@ -152,7 +166,11 @@ def loop_load(
         load.tracekit_cpu_ms += w.tracekit_cpu_ms
         load.background_cpu_ms += w.background_cpu_ms
         load.gc_ms += w.gc_ms
-        load.busy.append(w.busy_ratio)
+        served_ms = overlap(w.start_ns, w.end_ns, serving) / _NS
+        load.busy.append(min(1.0, w.cpu_ms / served_ms) if served_ms > 0 else w.busy_ratio)
+        if w.runqueue_ms is not None:
+            load.runqueue_ms += w.runqueue_ms
+            load.runqueue_wall_ms += w.wall_ms
         if w.lag_p50_ms is not None:
             load.lag_p50.append(w.lag_p50_ms)
         if w.lag_p95_ms is not None:

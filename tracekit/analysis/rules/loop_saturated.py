@@ -45,7 +45,7 @@ from tracekit.analysis.rules.loop_load import (
     utilisation_factor,
 )
 from tracekit.analysis.rules.stage_code import StageCode
-from tracekit.analysis.stats.loop_windows import larger_profile
+from tracekit.analysis.stats.loop_windows import HOST_SHORT_SHARE, larger_profile
 
 #: Median window busy ratio from which the loop is saturated: at 85% busy an M/M/1 queue
 #: waits 5.7 service times per visit, and a burst leaves no headroom at all.
@@ -175,10 +175,7 @@ class LoopSaturated:
                 f"{ms(load.lag_p95_ms)})"
             )
         if load.busy_p50 < self.min_busy:
-            evidence.append(
-                "the loop thread was runnable more than it ran: it waited for a CPU or the GIL "
-                "(other processes or threads), so more workers need free cores"
-            )
+            evidence.append(self._why_not_busier(load))
         slice_ms = {k: max(u.slice_ms for u in uses[k]) for k in ranked}
         longest = max(ranked, key=lambda k: slice_ms[k])  # ranked: ties go to the most CPU
         slices = (
@@ -229,6 +226,26 @@ class LoopSaturated:
             fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip
+
+    @staticmethod
+    def _why_not_busier(load: LoopLoad) -> str:
+        # Saturated by its lag on a loop under MIN_BUSY: what the run-queue delay says of it.
+        share = load.cpu_wait_share
+        if share is None:
+            return (
+                "the loop thread may have waited for a CPU or the GIL (other processes or "
+                "threads; this trace does not say how long), or been busy in bursts"
+            )
+        if share >= HOST_SHORT_SHARE:
+            return (
+                f"the loop thread waited for a CPU {share:.0%} of the time (run-queue delay: "
+                f"the host is short of CPU), so more workers need free cores"
+            )
+        return (
+            f"the loop thread waited for a CPU only {share:.1%} of the time: its work came in "
+            f"bursts (busy p95 {percentile(load.busy, 0.95):.0%}), or other threads of the "
+            f"process held the GIL"
+        )
 
     def _victim(self, load: LoopLoad) -> str | None:
         # The route whose requests waited longest for the loop in total (ties: by name).

@@ -40,8 +40,8 @@ from tracekit.analysis.assembly.request_records import ms_value
 from tracekit.analysis.model import Span
 from tracekit.analysis.stats.quantiles import Quantiles
 
-__all__ = ["MAX_KEPT", "MAX_LOOPS", "OTHER_LOOPS", "LoopStats", "LoopWindow", "LoopWindows",
-           "is_loop_window", "processes", "window_of"]  # fmt: skip
+__all__ = ["HOST_SHORT_SHARE", "MAX_KEPT", "MAX_LOOPS", "OTHER_LOOPS", "LoopStats", "LoopWindow",
+           "LoopWindows", "is_loop_window", "processes", "window_of"]  # fmt: skip
 
 #: Windows kept whole for the rules: the earliest ones of all loops (~5.5 hours of one loop
 #: at a window a second; ~300 bytes each).
@@ -54,6 +54,12 @@ OTHER_LOOPS = "(other loops)"
 GENERATIONS = 3
 _NS = 1e6  # ns per ms
 _SUMMARY = ("p50", "p95", "max")
+
+
+#: The share of the loop's time waiting for a CPU (run-queue delay) from which the host is
+#: short of CPU (the report says so; ``loop-saturated`` names it as the cause): a tenth of the
+#: time, enough to move every wait and step it holds.
+HOST_SHORT_SHARE = 0.10
 
 
 class LoopWindow(Struct, array_like=True):
