@@ -134,6 +134,7 @@ HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 URL_PATH: Final = "url.path"
 URL_QUERY: Final = "url.query"
 URL_SCHEME: Final = "url.scheme"
+URL_FULL: Final = "url.full"  # an HTTP client span's URL
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 CLIENT_ADDRESS: Final = "client.address"
@@ -145,6 +146,7 @@ ERROR_TYPE: Final = "error.type"
 HTTP_METHOD_OLD: Final = "http.method"
 HTTP_STATUS_CODE_OLD: Final = "http.status_code"
 HTTP_TARGET_OLD: Final = "http.target"
+HTTP_URL_OLD: Final = "http.url"
 
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------
 # Followed version: semantic conventions v1.37.0 (GenAI is "Development" status there).
@@ -219,6 +221,8 @@ FASTAPI_SERIALIZATION: Final = "fastapi.serialization"
 
 # --- resource / scope ----------------------------------------------------------------------
 SERVICE_NAME: Final = "service.name"
+# The language of the instrumented process: fix code is Python's, other services get words.
+TELEMETRY_SDK_LANGUAGE: Final = "telemetry.sdk.language"
 # Resource attributes tracekit adds (no OpenTelemetry convention names a CPU count; the
 # metric system.cpu.logical.count is not a resource attribute): the gateway host's logical
 # CPUs, and the CPUs the process may run on (its affinity; a container's CPU quota is not

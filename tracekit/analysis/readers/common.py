@@ -226,7 +226,7 @@ def not_json(
 #: Resource attributes the analyzer reads (the replay's cores); the analyzer's spans carry no
 #: resource, so the readers copy these onto the spans that can be requests (SERVER spans and
 #: roots), where the replay finds them.
-RESOURCE_KEYS = (semconv.HOST_CPUS, semconv.PROCESS_CPUS)
+RESOURCE_KEYS = (semconv.HOST_CPUS, semconv.PROCESS_CPUS, semconv.TELEMETRY_SDK_LANGUAGE)
 
 
 def resource_extra(attributes: Mapping[str, Any]) -> dict[str, Any] | None:

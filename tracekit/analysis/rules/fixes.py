@@ -319,8 +319,15 @@ async def handle(prompt):
     return title, code
 
 
-def fan_out(name: str, count: int, function: str | None) -> tuple[str, str]:
-    """N sequential calls of the same operation: run them concurrently, or batch them."""
+def fan_out(name: str, count: int, function: str | None, language: str | None = None) -> tuple[str, str]:
+    """N sequential calls of the same operation: run them concurrently, or batch them (in
+    words for a service in another language than Python: its code is not Python)."""
+    if language is not None and language.lower() != "python":
+        return (
+            f"Issue the {count} {name!r} calls concurrently (start them all, then wait for all) "
+            f"or as one batched call; the service is written in {language}, so no Python code "
+            f"is proposed"
+        ), ""
     fn = _ident(function, "fetch") if function else "fetch"
     title = f"Issue the {count} {name!r} calls concurrently (asyncio.gather) or as one batched call"
     code = f"""import asyncio

@@ -8,16 +8,20 @@ Two shapes:
   guardrail rejects. Fires when this happens in at least ``min_fraction`` of the route's
   requests and would save p50 >= ``min_gain_ms`` (the shorter of the two stages).
 - **Repeated sequential calls** (any trace, plain OpenTelemetry and HotROD included): at
-  least ``min_calls`` CLIENT children of one span with the same name, no two of which
-  overlap in time (an N+1). Running them concurrently would save their summed time minus
-  the longest. Fires when this happens in at least ``min_fraction`` of the route's requests
-  and saves p50 >= ``min_gain_ms``. A fan-out that already overlaps does not fire.
+  least ``min_calls`` CLIENT children of one span with the same name and the same target
+  (an HTTP call's host and path: instrumentations name every call ``HTTP GET``), no two of
+  which overlap in time (an N+1). Running them concurrently would save their summed time
+  minus the longest. Fires when this happens in at least ``min_fraction`` of the route's
+  requests and saves p50 >= ``min_gain_ms``. A fan-out that already overlaps does not fire.
+  The fix is Python code for a Python service, words for a service whose resource names
+  another language (``telemetry.sdk.language``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from tracekit import semconv
 from tracekit._percentile import percentile
@@ -33,10 +37,11 @@ _TOUCH_NS = 10_000  # intervals overlapping by less than 10 us count as back to 
 
 @dataclass
 class _Serial:
-    """One request's group of sequential same-name calls under one parent."""
+    """One request's group of sequential same-name calls to one target under one parent."""
 
     parent: str
     calls: list[StageRecord]
+    target: str = ""
 
     @property
     def summed_ms(self) -> float:
@@ -53,18 +58,36 @@ class _Serial:
 
 def serial_groups(req: RequestRecord, min_calls: int) -> dict[str, _Serial]:
     """Per CLIENT span name, the request's largest group of >= ``min_calls`` same-name
-    children of one parent that never overlap each other."""
-    groups: dict[tuple[str | None, str], list[StageRecord]] = {}
+    children of one parent, to one target, that never overlap each other."""
+    groups: dict[tuple[str | None, str, str], list[StageRecord]] = {}
     for stage in req.stages:
         if stage.span_kind == "client":
-            groups.setdefault((stage.parent_id, stage.name), []).append(stage)
+            groups.setdefault((stage.parent_id, stage.name, call_target(stage)), []).append(stage)
     out: dict[str, _Serial] = {}
-    for (parent, name), calls in groups.items():
+    for (parent, name, target), calls in groups.items():
         if len(calls) < min_calls or not _sequential(calls):
             continue
         if name not in out or len(calls) > len(out[name].calls):
-            out[name] = _Serial(parent or req.span_id, sorted(calls, key=lambda c: c.start_ns))
+            out[name] = _Serial(parent or req.span_id, sorted(calls, key=lambda c: c.start_ns), target)
     return out
+
+
+def call_target(stage: StageRecord) -> str:
+    """What a client call went to: an HTTP call's host and path (no query), else ``""``."""
+    attributes = stage.attributes
+    url = attributes.get(semconv.URL_FULL) or attributes.get(semconv.HTTP_URL_OLD)
+    if isinstance(url, str) and url:
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # hostile input: not a URL
+            return ""
+        return parts.netloc + parts.path
+    host = attributes.get(semconv.SERVER_ADDRESS)
+    path = attributes.get(semconv.URL_PATH)
+    if host is None or path is None:
+        return ""
+    port = attributes.get(semconv.SERVER_PORT)
+    return f"{host}{'' if port is None else f':{port}'}{path}"
 
 
 def _sequential(calls: list[StageRecord]) -> bool:
@@ -199,8 +222,9 @@ class SequentialIndependent:
             worst = max(groups, key=lambda g: g.summed_ms - g.longest_ms)
             n = len(worst.calls)
             where = f" in {len(groups)} of {len(reqs)} requests" if len(reqs) > 1 else ""
+            to = f" to {worst.target}" if worst.target else ""
             evidence = (
-                f"{n} {name!r} calls under span {worst.parent} ran one after another "
+                f"{n} {name!r} calls{to} under span {worst.parent} ran one after another "
                 f"(0 of {n * (n - 1) // 2} pairs overlap; {ms(worst.summed_ms)} summed, "
                 f"longest {ms(worst.longest_ms)}, {ms(worst.span_ms)} from first start to last "
                 f"end){where}; run concurrently they would save about {ms(gain)} per request"
@@ -215,7 +239,7 @@ class SequentialIndependent:
                     impact_ms=gain,
                     route_p50_ms=p50_latency(reqs),
                     evidence=evidence,
-                    fix=fixes.fan_out(name, n, function_of(worst.calls[0])),
+                    fix=fixes.fan_out(name, n, function_of(worst.calls[0]), _language(reqs)),
                     requests=requests,
                     ctx=ctx,
                     model=Fix("fanout", route, name) if instrumented else None,
@@ -227,6 +251,15 @@ class SequentialIndependent:
                 )
             )
         return out
+
+
+def _language(reqs: Sequence[RequestRecord]) -> str | None:
+    """The language the route's service names in its resource (``None``: not said)."""
+    for req in reqs:
+        language = req.attributes.get(semconv.TELEMETRY_SDK_LANGUAGE)
+        if isinstance(language, str) and language:
+            return language
+    return None
 
 
 def _cpu_bound_on_loop(guards: list[StageRecord]) -> bool:
