@@ -455,8 +455,10 @@ class _Renderer:
                 self._wrap("lag ms        " + "  ".join(
                     f"{k} {fmt_ms(lag.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
             tasks, inflight = (one.get(k) for k in ("tasks_max", "inflight_max"))
-            self._wrap(f"most tasks {_int(tasks) if _is_number(tasks) else '-'} {g.dot} most in "
-                       f"flight {_int(inflight) if _is_number(inflight) else '-'}", 2)  # fmt: skip
+            # Both are snapshots, not maxima over time (the request counts above are those).
+            self._wrap(f"most tasks {_int(tasks) if _is_number(tasks) else '-'} (counted once a "
+                       f"window) {g.dot} most requests in flight at a window's end "
+                       f"{_int(inflight) if _is_number(inflight) else '-'}", 2, hang=4)  # fmt: skip
             for route in loop.get("routes") or []:
                 if isinstance(route, Mapping) and route.get("service") == one.get("service") \
                         and str(route.get("route")) not in (minor or ()):  # fmt: skip
