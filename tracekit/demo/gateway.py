@@ -268,7 +268,9 @@ def create_app(model_url: str | None = None, fixes: frozenset[str] | None = None
             if _pool is not None:
                 _pool.shutdown(cancel_futures=True)
 
-    app = FastAPI(title="tracekit demo gateway", lifespan=lifespan)
+    # FastAPI's own tracing off, as tracekit advises when configure() turned it on (its
+    # spans cost ~0.5 ms a request: docs/composition.md); tracekit makes the server span.
+    app = FastAPI(title="tracekit demo gateway", lifespan=lifespan, telemetry={"tracing": False})
     app.post("/v1/chat/completions")(chat)
     tracekit.configure(service_name="demo-gateway")  # exporter: OTEL_TRACES_EXPORTER, else otlp
     app.add_middleware(tracekit.TracekitMiddleware)
