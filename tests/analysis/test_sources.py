@@ -642,7 +642,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
             b'{"foo": 1, "bar": 2}',
             "neither OTLP JSON nor Jaeger JSON .an object with keys foo, bar",
         ),
-        (b"42", "neither OTLP JSON nor Jaeger JSON .a JSON int"),
+        (b"42", "neither OTLP JSON nor Jaeger JSON .a JSON number"),
         (b"{}", "an empty object"),
         (b"[1, 2]", r"\[0\] is not a Jaeger trace object"),
         (b'{"resourceSpans": {"a": 1}}', "resourceSpans is not a list"),

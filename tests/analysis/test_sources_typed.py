@@ -255,7 +255,7 @@ DOCUMENTS = [
     ({"data": [None]}, "F: data[0] is not a Jaeger trace object"),
     ({"error": {"message": "gone"}}, "F: holds a Jaeger API error, not traces: gone"),
     ({}, "F: neither OTLP JSON nor Jaeger JSON (an empty object)"),
-    (42, "F: neither OTLP JSON nor Jaeger JSON (a JSON int)"),
+    (42, "F: neither OTLP JSON nor Jaeger JSON (a JSON number)"),
 ]  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
-from tracekit.errors import ConfigurationError
+from tracekit.errors import ConfigurationError, TraceFormatError
 
 #: Distinct service names listed in a report (hostile input could have millions).
 MAX_SERVICES = Settings.max_services
@@ -118,7 +118,12 @@ def _warn(report: Report, stats: ReadStats) -> None:
     lines = []
     if stats.skipped:
         first = f" (first: {stats.reasons[0]})" if stats.reasons else ""
-        lines.append(f"skipped {stats.skipped:,} malformed spans{first}")
+        if not report.spans:  # nothing was readable: no report to give, not an empty one
+            raise TraceFormatError(
+                f"{report.source}: no span could be read ({stats.skipped:,} skipped"
+                f"{'; the first: ' + stats.reasons[0] if stats.reasons else ''})"
+            )
+        lines.append(f"skipped {stats.skipped:,} malformed span{'s' if stats.skipped != 1 else ''}{first}")
     if stats.truncated:
         lines.append(f"cut {stats.truncated:,} oversized attribute values or lists")
     if stats.cut_tail_bytes:

@@ -174,3 +174,45 @@ def test_a_two_line_file_whose_second_line_is_being_written(
     stream = read_spans(path)
     assert sum(1 for _ in stream) == 40
     assert (stream.stats.format, stream.stats.cut_tail_bytes) == ("otlp-jsonl", 77)
+
+
+# --- what a file of nothing readable says ---------------------------------------------------
+def _jaeger(spans: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({"data": [{"traceID": "a" * 32, "spans": spans,
+                                   "processes": {"p1": {"serviceName": "s", "tags": []}}}]})  # fmt: skip
+
+
+def _jaeger_span(span_id: str, **fields: Any) -> dict[str, Any]:
+    return {"traceID": "a" * 32, "spanID": span_id, "operationName": "GET /x", "references": [],
+            "startTime": 1_700_000_000_000_000, "duration": 5_000, "tags": [],
+            "processID": "p1", **fields}  # fmt: skip
+
+
+def test_a_file_whose_every_span_is_malformed_is_an_error_not_an_empty_report(tmp_path: Path) -> None:
+    # A new user's file: one span without its start time read "No requests found", exit 0.
+    path = tmp_path / "bad.json"
+    broken = _jaeger_span("b" * 16)
+    del broken["startTime"]
+    path.write_bytes(_jaeger([broken]))
+    code, out, err = run_main("analyze", str(path))
+    assert code == 2 and out == ""
+    assert err.strip() == (f"tracekit: error: {path}: no span could be read (1 skipped; the first: "
+                           f"{path}: data[0].spans[0]: no 'startTime')")  # fmt: skip
+
+
+def test_one_malformed_span_among_good_ones_is_a_warning_in_the_singular(tmp_path: Path) -> None:
+    path = tmp_path / "one-bad.json"
+    broken = _jaeger_span("c" * 16)
+    del broken["startTime"]
+    path.write_bytes(_jaeger([_jaeger_span("b" * 16), broken]))
+    code, out, err = run_main("analyze", str(path))
+    assert code == 0 and out
+    assert "skipped 1 malformed span (first: " in err and "no 'startTime'" in err
+    assert "KeyError" not in err
+
+
+def test_a_json_null_is_named_as_json_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "null.json"
+    path.write_bytes(b"null")
+    code, _, err = run_main("analyze", str(path))
+    assert code == 2 and err.strip().endswith("neither OTLP JSON nor Jaeger JSON (JSON null)")

@@ -80,7 +80,12 @@ class ReadStats:
         """
         self.skipped += 1
         if len(self.reasons) < MAX_REASONS:
-            why = str(exc) if isinstance(exc, BadSpan) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, BadSpan):
+                why = str(exc)
+            elif isinstance(exc, KeyError):  # a field the format requires
+                why = f"no {exc.args[0]!r}" if exc.args else "a required field is missing"
+            else:
+                why = f"{type(exc).__name__}: {exc}"
             # The place is never cut (a long path must not push the reason out): the reason is.
             self.reasons.append(f"{where}: {one_line(why, 200)}")
 

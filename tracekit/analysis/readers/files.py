@@ -215,7 +215,9 @@ def _describe(doc: Any) -> str:
     if type(doc) is dict:
         keys = ", ".join(one_line(str(key), 30) for key in list(doc)[:5])
         return f"an object with keys {keys}" if keys else "an empty object"
-    return f"a JSON {type(doc).__name__}"
+    names = {type(None): "JSON null", bool: "a JSON boolean", int: "a JSON number",
+             float: "a JSON number", str: "a JSON string", list: "a JSON list"}  # fmt: skip
+    return names.get(type(doc), f"a JSON {type(doc).__name__}")
 
 
 def check_utf8(data: bytes | bytearray, where: str, of: str = "") -> None:
