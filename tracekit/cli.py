@@ -257,11 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             try:
-                args = build_parser().parse_args(argv)
+                args, extra = build_parser().parse_known_args(argv)
             except SystemExit as exc:  # --help, --version: argparse printed and exits 0
                 return exc.code if isinstance(exc.code, int) else EXIT_OK
             if getattr(args, "handler", None) is None:
                 raise _UsageError("missing command (see 'tracekit --help')")
+            if extra:  # the command's own help lists what it takes
+                raise _UsageError(f"unrecognized arguments: {' '.join(extra)} "
+                                  f"(see 'tracekit {args.command} --help')")  # fmt: skip
             code: int = args.handler(args)
             return code
         finally:

@@ -229,8 +229,9 @@ def compare(
     given = lookback != "1h" or any(v is not None for k, v in jaeger.items() if k != "lookback")
     if given and not any(isinstance(s, str) and is_url(s) for s in (before, after)):
         raise ConfigurationError(
-            "service, lookback, limit, timeout and max_response_mb apply only to a Jaeger "
-            "query URL, and neither run is one"
+            "service, lookback, limit, timeout and max_response_mb (on the command line "
+            "--service, --lookback, --limit, --timeout, --max-response-mb) apply only to a "
+            "Jaeger query URL, and neither run is one"
         )
     b_report, b_values = _measure(before, "before", route, jaeger, cores)
     a_report, a_values = _measure(after, "after", route, jaeger, cores)

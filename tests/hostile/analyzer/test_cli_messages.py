@@ -100,3 +100,15 @@ def test_the_library_says_the_same_and_refuses_a_nul() -> None:
         tracekit.analyze("")
     with pytest.raises(SourceNotFoundError, match="not a valid path"):
         tracekit.analyze("a\x00b")
+
+
+def test_an_extra_argument_points_to_its_commands_help() -> None:
+    assert_message(["compare", "a.jsonl", "b.jsonl", "c.jsonl"],
+                   "unrecognized arguments: c.jsonl (see 'tracekit compare --help')")  # fmt: skip
+    assert_message(["analyze", "a.jsonl", "--frmat", "json"],
+                   "unrecognized arguments: --frmat json (see 'tracekit analyze --help')")  # fmt: skip
+
+
+def test_a_query_option_given_with_a_file_is_named_as_typed() -> None:
+    code, _, err = run_main("analyze", str(ROOT / "README.md"), "--lookback", "2h")
+    assert code == 2 and "--lookback" in err and "apply only to a Jaeger query URL" in err

@@ -187,8 +187,9 @@ def _reject_query_options(
     options = (service, limit, timeout, max_response_mb, project)
     if any(option is not None for option in options) or lookback != _DEFAULT_LOOKBACK:
         raise ConfigurationError(
-            "service, project, lookback, limit, timeout and max_response_mb apply only to a "
-            "Jaeger query URL or a Phoenix URL"
+            "service, project, lookback, limit, timeout and max_response_mb (on the command "
+            "line --service, --project, --lookback, --limit, --timeout, --max-response-mb) apply "
+            "only to a Jaeger query URL or a Phoenix URL"
         )
 
 
