@@ -279,3 +279,19 @@ def test_in_memory_spans_are_a_source() -> None:
         "memory", 1, 2, ["gw"],
     )  # fmt: skip
     assert report.routes[0]["latency_ms"]["p50"] == pytest.approx(2.0)
+
+
+# --- a long idle stretch in the recording -------------------------------------------------------
+def test_one_long_idle_stretch_is_said_once_and_steady_traffic_says_nothing() -> None:
+    from tests.analysis.loop_factories import request_spans
+
+    stages = [("tokenize", 2.0, 0.0)]
+    # A warm-up request, then 3 s later 60 requests in 0.5 s (a new user's first recording):
+    # idle 2.96 s of 3.512.
+    burst = [span for i in range(60) for span in request_spans(3000.0 + i * 8.0, 40.0, stages)]
+    report = analyze_spans([*request_spans(0.0, 40.0, stages), *burst])
+    (line,) = [w for w in report.warnings if "no request was in flight" in w]
+    assert line.startswith("for 3.0 s (84% of the recorded period) no request was in flight")
+    # Requests every 0.5 s for 10 s: idle 90% of the time, in short gaps; nothing to say.
+    steady = [span for i in range(20) for span in request_spans(i * 500.0, 50.0, stages)]
+    assert not [w for w in analyze_spans(steady).warnings if "in flight" in w]

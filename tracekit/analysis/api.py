@@ -21,6 +21,7 @@ from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
+from tracekit.analysis.stats.intervals import merge
 from tracekit.errors import ConfigurationError, TraceFormatError
 
 #: Distinct service names listed in a report (hostile input could have millions).
@@ -195,7 +196,7 @@ def _report(
         raise ConfigurationError(
             f"no request has route {route!r}; routes seen include: {', '.join(others)}"
         )
-    return build_report(
+    report = build_report(
         agg,
         source=source,
         spans=spans,
@@ -203,6 +204,33 @@ def _report(
         routes=matched if route is not None else None,
         cores=cores,
     )
+    _warn_idle(report)
+    return report
+
+
+#: A stretch with no request in flight that is worth a warning: at least this long (ns) and
+#: half the recorded period (one warm-up request long before the load; steady traffic at a
+#: low rate has many short gaps, and its throughput is what it says).
+IDLE_GAP_NS = 1_000_000_000
+
+
+def _warn_idle(report: Report) -> None:
+    # The throughput figures divide by the whole recorded period: one long idle stretch in
+    # it (a new user's warm-up request 3 s before a burst read 26 req/s for 119) is said.
+    sample = report.sample
+    if not sample or report.requests > len(sample):
+        return  # the sample is the earliest requests only: the gaps after it are not known
+    busy = merge((r.start_ns, r.end_ns) for r in sample)
+    if len(busy) < 2:
+        return
+    period = busy[-1][1] - busy[0][0]
+    gap = max(b[0] - a[1] for a, b in zip(busy, busy[1:]))
+    if gap >= IDLE_GAP_NS and 2 * gap >= period:
+        report.warnings.append(
+            f"for {gap / 1e9:.1f} s ({gap / period:.0%} of the recorded period) no request was in "
+            f"flight, and every throughput figure counts that time: was a request sent long "
+            f"before the load (a warm-up)?"
+        )
 
 
 def analyze_spans(
