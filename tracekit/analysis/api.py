@@ -224,7 +224,7 @@ def _warn_idle(report: Report) -> None:
     if len(busy) < 2:
         return
     period = busy[-1][1] - busy[0][0]
-    gap = max(b[0] - a[1] for a, b in zip(busy, busy[1:]))
+    gap = max(b[0] - a[1] for a, b in itertools.pairwise(busy))
     if gap >= IDLE_GAP_NS and 2 * gap >= period:
         report.warnings.append(
             f"for {gap / 1e9:.1f} s ({gap / period:.0%} of the recorded period) no request was in "
