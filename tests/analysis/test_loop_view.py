@@ -237,6 +237,23 @@ def test_saturation_from_a_long_slice_stage_is_cpu_on_loops_finding() -> None:
     assert "cpu-on-loop" in rules and "loop-saturated" not in rules
 
 
+def test_cpu_moved_off_the_loop_is_not_projected_from_a_host_short_of_cpu() -> None:
+    # A tokenizer moved to a thread on a host 15% short of CPU made the route slower
+    # (validation run K): the replay takes the cores as free, so it does not project there.
+    def tokenize_finding(runqueue: float, **analyze: object) -> str:
+        spans = [*_windows(4, requests=160.0, lag=(1.0, 4.0, 9.0), probes=100, runqueue=runqueue)]
+        for i in range(80):
+            spans += request_spans(i * 50.0, 40.0, [("tokenize", 20.0, 0.0)])
+            spans[-2].attributes[semconv.MAX_BLOCK_MS] = 20.0  # the stage's one slice
+        (f,) = [f for f in analyze_spans(spans, **analyze).findings if f.rule == "cpu-on-loop"]  # type: ignore[arg-type]
+        return f.projection_note or ""
+
+    assert "the gateway's host was short of CPU while this was recorded (its event loop waited " \
+           "for a CPU 15% of the time)" in tokenize_finding(150.0)  # fmt: skip
+    assert "short of CPU" not in tokenize_finding(10.0)  # 1%: the cores are free
+    assert "short of CPU" not in tokenize_finding(150.0, cores=2)  # --cores: the user says
+
+
 # --- gc-pauses -------------------------------------------------------------------------------
 def test_gc_pauses_fires_with_its_figures_and_the_projection_without_the_pauses() -> None:
     spans = [*_windows(4, requests=300.0, gc_cpu=40.0, gc_ms=45.0, gc_counts=(60, 6, 1),

@@ -162,4 +162,5 @@ class CpuOnLoop(LoopUsageRule):
             ctx=ctx,
             model=replace(model, report_route=victim) if model is not None else None,
             no_model_note=note,
+            moves_cpu=True,
         )
