@@ -520,3 +520,23 @@ def test_cpu_bound_guardrail_says_overlap_needs_it_off_the_loop() -> None:
     waiting = _one(guardrail_first(), "sequential-independent")  # an I/O guardrail: overlap helps
     assert "CPU-bound" not in waiting.evidence and waiting.explains == []
     assert waiting.evidence.startswith("the input guardrail (")
+
+
+def test_a_calls_target_is_its_host_and_path_and_the_fix_is_in_the_services_language() -> None:
+    from tracekit.analysis.model import StageRecord
+    from tracekit.analysis.rules.fixes import fan_out
+    from tracekit.analysis.rules.sequential_independent import call_target
+
+    def call(**attributes: object) -> StageRecord:
+        return StageRecord("HTTP GET", "client", "b" * 16, None, 1, 2, attributes=dict(attributes))
+
+    assert call_target(call(**{"url.full": "http://h:8083/route?x=1"})) == "h:8083/route"
+    assert call_target(call(**{"http.url": "https://h/a/b?q"})) == "h/a/b"  # older conventions
+    assert call_target(call(**{"server.address": "h", "server.port": 81, "url.path": "/c"})) == "h:81/c"
+    assert call_target(call(**{"url.full": "http://[::1"})) == ""  # not a URL: no target
+    assert call_target(call(**{"server.address": "h"})) == ""  # a host alone names no call
+    for language in (None, "python"):
+        title, code = fan_out("HTTP GET", 4, "fetch", language)
+        assert "asyncio.gather" in title and "asyncio.gather" in code
+    title, code = fan_out("HTTP GET", 4, "fetch", "go")
+    assert code == "" and "written in go" in title

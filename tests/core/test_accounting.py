@@ -168,7 +168,7 @@ def test_estimator_takes_the_probed_lag_for_unknown_readiness() -> None:
     # suspension, a stream's next chunk, mostly contains none), clipped to the suspension...
     assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == int(4.5 * MS)
     # ... and one older than that says nothing about it.
-    state.lag_at = 96 * MS - event_loop.LAG_RECENT_NS
+    state.lag_at = 96 * MS - event_loop.PROBE_NS
     assert event_loop.estimate_loop_wait(state, 96 * MS, int(100.5 * MS), None) == 0
     # The probe's timer overdue since 80.5 ms, longer than the lag: clipped to the suspension.
     state.probe_due = int(80.5 * MS)

@@ -22,7 +22,7 @@ when a suspended coroutine resumes at ``resumed`` after suspending at ``suspende
    If the loop was busy right up to the resumption (the last slice ended less than
    ``GAP_NS`` before it), the coroutine waited for the loop as long as work made ready from
    outside waits there now: the loop probe's latest measurement if it was made during the
-   suspension or in the probe period before it (``LAG_RECENT_NS``; ``ThreadState.lag``,
+   suspension or in the probe period before it (``PROBE_NS``; ``ThreadState.lag``,
    :mod:`tracekit._core.loop_view`: a timer whose callback makes a second callback ready,
    as an I/O callback makes a task ready), or the time the probe's pending timer has been
    overdue if that is longer: work made ready then is still waiting, as the resumed
@@ -52,9 +52,9 @@ CPU_REUSE_NS: Final = 20_000
 # little untraced work (the server's callbacks, the probe): the readiness came then, when the
 # probe (every 10 ms while traced work runs) would have seen a busy loop.
 GAP_NS: Final = 10_000_000
-# A probe measurement this recent at a suspension's start still speaks for it: one probe
-# period (tracekit._core.loop_view.PROBE_S).
-LAG_RECENT_NS: Final = 10_000_000
+# The loop probe's period (tracekit._core.loop_view runs it): a measurement from the period
+# before a suspension began still speaks for it.
+PROBE_NS: Final = 10_000_000
 # Suspensions at least this long are checked for what they waited on (a lock, a queue, ...).
 QUEUE_MIN_NS: Final = 1_000_000
 
@@ -273,7 +273,7 @@ def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaitin
         return 0
     # Measured during the suspension, or in the probe period before it began: a suspension
     # shorter than the period (a stream's next chunk) mostly contains no measurement.
-    lag = state.lag if state.lag_at > suspended - LAG_RECENT_NS else 0
+    lag = state.lag if state.lag_at > suspended - PROBE_NS else 0
     due = state.probe_due
     if due and resumed - due > lag:
         # The probe's timer overdue: work made ready by then waits still. A slice that held the

@@ -43,8 +43,8 @@ from tracekit._core import clock, event_loop, gc_pauses
 from tracekit._core.failsafe import internal_error
 from tracekit._core.gc_pauses import GENERATIONS, Pauses
 
-PROBE_S: Final = 0.01
-PROBE_NS: Final = int(PROBE_S * 1e9)
+PROBE_NS: Final = event_loop.PROBE_NS  # the loop-wait estimator reads the period too
+PROBE_S: Final = PROBE_NS / 1e9
 # tracekit's own CPU after a traced step is read on one outermost slice in SAMPLE_MASK + 1.
 SAMPLE_MASK: Final = 63
 MAX_LAGS: Final = 1024  # probe measurements kept per window (a probe every 10 ms: 100 a second)

@@ -52,7 +52,6 @@ PAGE_SPANS = 1000
 DEFAULT_PROJECT = "default"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _SERVER_KEYS = (semconv.HTTP_ROUTE, semconv.URL_PATH, semconv.HTTP_TARGET_OLD)
-_URL_FULL = "url.full"
 
 
 def spans_url(base: str, project: str, lookback: str, cursor: str | None = None) -> str:
@@ -155,7 +154,7 @@ def _span(item: dict[str, Any], stats: ReadStats) -> Span:
 def _kind(attributes: dict[str, Any]) -> str:
     if any(key in attributes for key in _SERVER_KEYS):
         return "server"
-    return "client" if _URL_FULL in attributes else "internal"
+    return "client" if semconv.URL_FULL in attributes else "internal"
 
 
 def _ns(text: object) -> int:

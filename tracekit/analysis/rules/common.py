@@ -13,7 +13,6 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severity
 from tracekit.analysis.rules.loop_index import OWN, LoopIndex, Usage, loop_usage
-from tracekit.analysis.stats.loop_windows import HOST_SHORT_SHARE
 
 __all__ = [
     "OWN",
@@ -111,33 +110,6 @@ def ms(value: float) -> str:
     return f"{value:.2f} ms"
 
 
-def host_short_of_cpu(requests: Sequence[RequestRecord], ctx: RuleContext, route: str) -> str | None:
-    """Why CPU moved off the loop cannot be projected, when the recording's host was short of
-    CPU (the route's event loops waited for a CPU ``HOST_SHORT_SHARE`` of the time or more,
-    and no ``--cores`` said what was free), else ``None``.
-
-    The replay takes the host's cores as free for work moved to threads and processes; on a
-    busy host the moved work waits for a core instead (a tokenizer moved to a thread on a
-    host 15% short of CPU made the route slower: docs/analyzer-rules.md, run K)."""
-    if ctx.loops is None or ctx.cores_given:
-        return None
-    services = {r.service for r in requests if r.route == route}
-    waited = wall = 0
-    for (service, _), stats in ctx.loops.loops.items():
-        if service in services:
-            waited += stats.runqueue_ns
-            wall += stats.runqueue_wall_ns
-    if not wall or waited < HOST_SHORT_SHARE * wall:
-        return None
-    return (
-        f"the gateway's host was short of CPU while this was recorded (its event loop waited "
-        f"for a CPU {waited / wall:.0%} of the time), and CPU moved to another thread or "
-        f"process helps only where a core is free, so no projection is shown; recorded on a "
-        f"host with free cores, or with --cores N for the cores free for the gateway, it "
-        f"would project"
-    )
-
-
 def finding(
     *,
     rule: str,
@@ -154,7 +126,6 @@ def finding(
     no_model_note: str | None = None,
     caused_by: tuple[tuple[str, str, str | None], ...] = (),
     folded: str | None = None,
-    moves_cpu: bool = False,
 ) -> Finding:
     """Assemble a finding: project ``model`` through ``ctx.project`` and set the severity.
 
@@ -169,19 +140,13 @@ def finding(
         no_model_note: the note when there is no model of the fix.
         caused_by / folded: when the finding is a symptom, the findings that would be its
             cause and the clause their evidence gains (``rules/folding.py``).
-        moves_cpu: the fix moves CPU to another thread or process, which helps only where a
-            core is free: not projected from a recording whose host was short of CPU.
 
     Returns:
         The finding; its impact is the larger of the measured one and the projected p50 gain.
     """
     projection: dict[str, Any] | None = None
     note = no_model_note
-    moved = moves_cpu and model is not None and model.action in ("thread", "process")
-    short = host_short_of_cpu(requests, ctx, model.route) if moved and model else None
-    if short is not None:
-        note = short
-    elif model is not None and ctx.project is not None:
+    if model is not None and ctx.project is not None:
         projection, note = ctx.project(requests, model)
     if projection is not None:
         gain = projection["p50_ms"][0] - projection["p50_ms"][1]
