@@ -63,6 +63,25 @@ def test_slow_clients_read_as_the_closed_loop_they_are() -> None:
     assert (plan.read_by, plan.chains) == ("chains", {})
 
 
+def test_clients_that_think_are_chained_by_their_think_time() -> None:
+    # tracekit demo's load: 8 clients starting 100 ms apart, each sending again 800 ms after
+    # its response, most of the time thinking (about 1.5 in flight). Chained to the earliest
+    # end, a head started after the first end took it, and the clients read as 4 with short,
+    # varied think times; the fixed gateway was projected 7-12% slower than measured. The
+    # think-time peak chains each request to its own client's previous one.
+    ops = [Op("cpu", 2.0, "work"), Op("wait", 150.0, "backend"), Op("cpu", 1.0)]
+    jobs = [Job(ROUTE, list(ops), kinds={"backend": "other"}) for _ in range(160)]
+    records = simulate_gateway(jobs, clients=8, think_ms=800.0, ramp_ms=100.0)
+    plan = arrivals(records, records[0].start_ns, "auto", 2.0, 0.6)
+    assert plan.read_by == "think time" and plan.think_ms == pytest.approx(805, abs=5)
+    assert len(plan.ready) == 8 and len(plan.chains) == 152
+    for pred, (succ, think) in plan.chains.items():
+        assert (records[succ].start_ns - records[pred].end_ns) / 1e6 == pytest.approx(800, abs=3)
+        assert think == pytest.approx(800, abs=3)
+    assert Replayer(ReplayConfig(cores=2)).validate(records).ok
+    # Open arrivals leave no peak: test_slow_clients_read_as_the_closed_loop_they_are.
+
+
 # --- real recordings: uvicorn on 127.0.0.1, a closed loop and a Poisson load --------------------
 def _app() -> Any:
     @tracekit.stage("work")

@@ -155,6 +155,9 @@ def test_the_replay_states_its_model() -> None:
     said = " ".join(render_text(d, width=60, color=False).split())
     assert ("assumed: a closed loop of 3 clients (read from the requests in flight: mean 2.38, at "
             "most 3), 2 cores (from the trace), thread pool 6") in said  # fmt: skip
+    d["validation"]["model"].update(clients=8, arrivals_read_by="think time", think_ms=802.5)
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert "a closed loop of 8 clients (read from their 802 ms think time; in flight: mean 2.38" in said
     d["validation"]["model"] = {"arrivals": "open", "rate_rps": 30.2, "cores": 8,
                                 "cores_source": "this machine"}  # fmt: skip
     said = " ".join(render_text(d, width=60, color=False).split())

@@ -539,6 +539,9 @@ def model_words(model: Mapping[str, Any]) -> str:
         counted = f"mean {fmt_ms(flight.get('mean'))}, at most {_int(flight.get('max'))}"
         if model.get("arrivals_read_by") == "in flight":
             arrivals += f" (read from the requests in flight: {counted})"
+        elif model.get("arrivals_read_by") == "think time":
+            think = fmt_ms(model.get("think_ms"))
+            arrivals += f" (read from their {think} ms think time; in flight: {counted})"
         else:
             arrivals += f" (requests in flight: {counted})"
     sources = {"trace": "from the trace", "--cores": "--cores"}

@@ -326,7 +326,8 @@ class Replayer:
         config = self.config
         flight = loop.plan.in_flight
         return statement(loop.host, loop.mode, loop.clients, rate, len(group), config.tolerance,
-                         None if flight is None else flight.to_dict(), loop.plan.read_by)  # fmt: skip
+                         None if flight is None else flight.to_dict(), loop.plan.read_by,
+                         loop.plan.think_ms)  # fmt: skip
 
     def _hint(self, route: str, error: float) -> str:
         """What would let the replay project ``route`` (its error's sign says which way)."""

@@ -24,24 +24,33 @@ actually preceded in the queue. Two estimates of the real ready time:
   idle time in the gap. Slow clients' think times vary, and the variation is what makes two
   clients' requests collide on the loop: capped at the 10th percentile as above, a 2-client
   loop replayed 16-20% faster than measured.
+- **Clients with a fixed think time** (a load generator that waits, say, 0.8 s after each
+  response): too idle in between to chain by idle time, and chaining every start to the
+  earliest end pairs a client's end with another client's first request or next one, which
+  halves the clients and their think times (the demo's 8 clients read as 4, the fixed
+  gateway's p95 projected 5-10% above the measured). Such clients leave a peak in the gaps from
+  each end to the later starts: the think time, within a few ms (:func:`_paced`). Where the
+  peak holds at least half the requests and stands well above the gaps around it, each end
+  is chained to the start whose gap is nearest the peak.
 - **Open arrivals**: if the loop was busy right up to the recorded start (a busy run of
   recorded slices, joined across gaps under 1 ms, ending at the start), the request became
   ready at an unknown time within that run: assume the middle (the core's loop-wait
   estimator makes the same assumption, DESIGN §1).
 
-Which: **the chains first, then the requests in flight**. A closed loop of ``N`` independent
-clients holds about ``N`` requests in flight throughout (each client has one, or is about to
-send it): a binomial count, whose dispersion (variance / mean, time-weighted over the loop's
-active window) is ``1 - p`` for clients in flight a share ``p`` of the time; open Poisson
-arrivals give a dispersion of 1, more when requests queue. When fewer than ``min_fraction``
-of the requests chain, a dispersion at or under :data:`CLOSED_DISPERSION` still reads the
-trace as a closed loop (its ``N`` the most in flight): clients slow to send again (a load
-generator sharing the host: 2 ms and more between a response and the next request) chain
-poorly by idle time, and were read as open arrivals before the count was used. The count
-does not overrule chains: clients that fall into lock-step batches (all sending at once, then
-served one after another) swing it from ``N`` to 0 although they are a closed loop. Open
-arrivals at a fixed rate with a near-constant latency (not Poisson) also hold a
-near-constant count: they would read as closed.
+Which: **the chains first, then a think-time peak, then the requests in flight**. A closed
+loop of ``N`` independent clients holds about ``N`` requests in flight throughout (each
+client has one, or is about to send it): a binomial count, whose dispersion (variance /
+mean, time-weighted over the loop's active window) is ``1 - p`` for clients in flight a
+share ``p`` of the time; open Poisson arrivals give a dispersion of 1, more when requests
+queue. When fewer than ``min_fraction`` of the requests chain, a dispersion at or under
+:data:`CLOSED_DISPERSION` still reads the trace as a closed loop (its ``N`` the most in
+flight): clients slow to send again (a load generator sharing the host: 2 ms and more
+between a response and the next request) chain poorly by idle time, and were read as open
+arrivals before the count was used. The count does not overrule chains: clients that fall
+into lock-step batches (all sending at once, then served one after another) swing it from
+``N`` to 0 although they are a closed loop. Open arrivals at a fixed rate with a
+near-constant latency (not Poisson) also hold a near-constant count: they would read as
+closed.
 
 Replayed latency is measured like the recorded one: from the request's first step on the
 loop to its end.
@@ -61,6 +70,17 @@ _MS = 1e6
 # Recorded busy slices closer than this form one busy run: the loop dispatching the next
 # callback, or polling with nothing ready, takes less than a millisecond.
 GAP_NS = 1_000_000
+#: The think-time peak (:func:`_paced`): gaps are counted in bins this wide, from each end to
+#: at most this many later starts (more than the clients that can start during one think).
+THINK_BIN_MS = 5.0
+THINK_WINDOW = 128
+#: The peak (two adjacent bins) must hold this share of the requests, and this many times the
+#: pairs an average two bins below twice its gap hold.
+THINK_SHARE = 0.5
+THINK_CONTRAST = 4.0
+#: Shorter think times are left to the requests in flight: such clients are in flight most of
+#: the time, so the count reads them, and a peak this close to 0 blurs with the loop's waits.
+THINK_MIN_MS = 20.0
 #: In-flight dispersion (variance / mean) at or under which the requests are a closed loop
 #: (module docstring): clients in flight at least half the time.
 CLOSED_DISPERSION = 0.5
@@ -169,14 +189,17 @@ class Arrivals:
         ready: index -> ready time, for requests that are not chained.
         chains: predecessor index -> (successor index, idle ms before the successor is ready).
         in_flight: the recorded requests in flight (``None`` for a single request).
-        read_by: what decided the arrivals: ``"in flight"`` (the count), ``"chains"`` (the
-            share of requests that chain), or ``"option"`` (``arrivals`` was not ``auto``).
+        read_by: what decided the arrivals: ``"in flight"`` (the count), ``"think time"``
+            (the clients' think-time peak), ``"chains"`` (the share of requests that chain),
+            or ``"option"`` (``arrivals`` was not ``auto``).
+        think_ms: ``"think time"`` only: the peak's gap from a response to the next request.
     """
 
     ready: dict[int, float]
     chains: dict[int, tuple[int, float]]
     in_flight: InFlight | None = None
     read_by: str = "option"
+    think_ms: float | None = None
 
 
 def arrivals(
@@ -203,27 +226,30 @@ def arrivals(
     chains: dict[int, tuple[int, float]] = {}
     flight = in_flight(group) if len(group) > 1 else None
     read_by = "option" if mode != "auto" else "chains"
+    think: float | None = None
     if mode != "open" and len(group) > 1:
         chains = _chains(group, busy, int(gap_ms * _MS))
         if mode == "auto" and len(chains) < min_fraction * (len(group) - 1):
-            chains = {}
-            if flight is not None and flight.closed:
+            chains, think = _paced(group, busy, gap_ms)
+            if chains:
+                read_by = "think time"
+            elif flight is not None and flight.closed:
                 # A closed loop by the count, whose clients are too slow to chain by idle
                 # time: every start follows an earlier end, each with its own think time.
                 read_by = "in flight"
                 slow = _chains(group, busy, None)
                 chains = {p: (s, _think(group[p], group[s], busy, idle)) for p, (s, idle) in slow.items()}
-        if chains and read_by != "in flight":
-            think = percentile([idle for _, idle in chains.values()], 0.1)
-            chains = {p: (s, min(idle, think)) for p, (s, idle) in chains.items()}
-            chains.update(_pair_leftovers(group, chains, think))
+        if chains and read_by == "chains":
+            capped = percentile([idle for _, idle in chains.values()], 0.1)
+            chains = {p: (s, min(idle, capped)) for p, (s, idle) in chains.items()}
+            chains.update(_pair_leftovers(group, chains, capped))
     chained = {succ for succ, _ in chains.values()}
     ready: dict[int, float] = {}
     for i, req in enumerate(group):
         if i not in chained:
             waited = busy.run_before(req.start_ns) // 2
             ready[i] = (req.start_ns - waited - t0_ns) / _MS
-    return Arrivals(ready, chains, flight, read_by)
+    return Arrivals(ready, chains, flight, read_by, think)
 
 
 def _chains(
@@ -249,6 +275,43 @@ def _chains(
             pred = candidates.popleft()
             out[pred] = (i, _idle(busy, group[pred].end_ns, start) / _MS)
     return out
+
+
+def _paced(
+    group: list[RequestRecord], busy: BusyIndex, gap_ms: float
+) -> tuple[dict[int, tuple[int, float]], float | None]:
+    # Clients with a fixed think time (module docstring): the peak of the gaps from each end to
+    # the later starts, if there is one from THINK_MIN_MS and ``gap_ms`` on, and each end
+    # chained to the start nearest it, nearest pairs first.
+    order = sorted(range(len(group)), key=lambda i: group[i].start_ns)
+    starts = [group[i].start_ns for i in order]
+    pairs: list[tuple[int, int, float]] = []  # (end's request, start's request, gap ms)
+    bins: dict[int, int] = {}
+    for p, req in enumerate(group):
+        first = bisect_right(starts, req.end_ns)
+        for k in range(first, min(first + THINK_WINDOW, len(order))):
+            gap = (starts[k] - req.end_ns) / _MS
+            pairs.append((p, order[k], gap))
+            b = int(gap // THINK_BIN_MS)
+            bins[b] = bins.get(b, 0) + 1
+    if not bins:
+        return {}, None
+    peak = max(sorted(bins), key=lambda b: bins[b] + bins.get(b + 1, 0))
+    held = bins[peak] + bins.get(peak + 1, 0)
+    below = sum(n for b, n in bins.items() if b < 2 * peak + 2) / (peak + 1)  # per two bins
+    short = peak * THINK_BIN_MS < max(gap_ms, THINK_MIN_MS)
+    if short or held < THINK_SHARE * len(group) or held < THINK_CONTRAST * below:
+        return {}, None
+    think = (peak + 1) * THINK_BIN_MS
+    near = sorted((abs(gap - think), p, s) for p, s, gap in pairs if abs(gap - think) <= 2 * THINK_BIN_MS)
+    out: dict[int, tuple[int, float]] = {}
+    taken: set[int] = set()
+    for _, p, s in near:
+        if p not in out and s not in taken:
+            taken.add(s)
+            idle = _idle(busy, group[p].end_ns, group[s].start_ns) / _MS
+            out[p] = (s, _think(group[p], group[s], busy, idle))
+    return out, think
 
 
 def _think(pred: RequestRecord, succ: RequestRecord, busy: BusyIndex, idle_ms: float) -> float:

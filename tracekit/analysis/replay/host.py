@@ -100,11 +100,12 @@ def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: 
 
 def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: int,
               tolerance: float, in_flight: dict[str, Any] | None = None,
-              read_by: str | None = None) -> dict[str, Any]:  # fmt: skip
+              read_by: str | None = None, think_ms: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The report's ``model`` object: what the replay assumed (``docs/analyzer.md``).
 
     ``in_flight`` (the recorded count: mean, max, dispersion) and ``read_by`` (what decided
-    the arrivals: ``in flight``, ``chains`` or ``option``) say why the arrivals are what they are.
+    the arrivals: ``in flight``, ``think time``, ``chains`` or ``option``) say why the arrivals
+    are what they are; ``think_ms``, the clients' think time where that read them.
     """
     arrivals: dict[str, Any] = (
         {"arrivals": "closed", "clients": clients}
@@ -113,6 +114,8 @@ def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: in
     )
     if read_by is not None:
         arrivals["arrivals_read_by"] = read_by
+    if think_ms is not None:
+        arrivals["think_ms"] = round(think_ms, 1)
     if in_flight is not None:
         arrivals["in_flight"] = in_flight
     return {
