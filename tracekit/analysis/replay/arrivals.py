@@ -282,7 +282,7 @@ def _paced(
 ) -> tuple[dict[int, tuple[int, float]], float | None]:
     # Clients with a fixed think time (module docstring): the peak of the gaps from each end to
     # the later starts, if there is one from THINK_MIN_MS and ``gap_ms`` on, and each end
-    # chained to the start nearest it, nearest pairs first.
+    # chained to the start nearest end + think, nearest pairs first.
     order = sorted(range(len(group)), key=lambda i: group[i].start_ns)
     starts = [group[i].start_ns for i in order]
     pairs: list[tuple[int, int, float]] = []  # (end's request, start's request, gap ms)
@@ -303,7 +303,10 @@ def _paced(
     if short or held < THINK_SHARE * len(group) or held < THINK_CONTRAST * below:
         return {}, None
     think = (peak + 1) * THINK_BIN_MS
-    near = sorted((abs(gap - think), p, s) for p, s, gap in pairs if abs(gap - think) <= 2 * THINK_BIN_MS)
+    # A start is recorded when the loop first runs it: later than the client sent it when the
+    # loop was busy (the demo's fixed gateway: up to 40 ms later), never earlier.
+    lo, hi = think - 2 * THINK_BIN_MS, 1.5 * think
+    near = sorted((abs(gap - think), p, s) for p, s, gap in pairs if lo <= gap <= hi)
     out: dict[int, tuple[int, float]] = {}
     taken: set[int] = set()
     for _, p, s in near:
