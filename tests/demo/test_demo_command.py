@@ -38,6 +38,17 @@ def demo(out: Path, *args: str) -> subprocess.Popen[str]:
                             text=True, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
 
 
+def finish(process: subprocess.Popen[str], timeout: float) -> str:
+    """The rest of the demo's output once it exits; if it does not within ``timeout``, it is
+    killed and the test fails with what it last said (where a stop hung)."""
+    try:
+        return process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        said = process.communicate()[0][-2000:]  # all it said since the first communicate()
+        raise AssertionError(f"the demo did not exit in {timeout:.0f} s; it last said:\n{said}") from None
+
+
 def flagged(report: dict) -> set[tuple[str, str | None]]:
     """(rule, stage) of every finding, and of every symptom folded into one (``explains``:
     the same stage as the finding that explains it)."""
@@ -52,7 +63,7 @@ def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path)
     out = tmp_path / "demo"
     started = time.monotonic()
     process = demo(out, "--requests", "80", "--cores", "2")
-    stdout, _ = process.communicate(timeout=180)
+    stdout = finish(process, 180)
     elapsed = time.monotonic() - started
     assert process.returncode == 0, stdout[-3000:]
 
@@ -120,7 +131,7 @@ def test_interrupted_demo_stops_every_process_it_started(tmp_path: Path, sig: in
     while "answered" not in (line := process.stdout.readline()):
         assert line, "the demo ended before its load started"
     process.send_signal(sig)
-    rest, _ = process.communicate(timeout=60)
+    rest = finish(process, 60)
     assert process.returncode == 130, rest[-2000:]
     assert "Traceback" not in rest
     for pid in pids:
@@ -190,7 +201,7 @@ def test_keep_running_leaves_a_gateway_to_explore_until_ctrl_c(tmp_path: Path) -
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200 and response.json()["choices"]
     process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=60)
+    rest = finish(process, 60)
     assert process.returncode == 130, rest[-2000:]
     assert not [pid for pid in pids if alive(pid)]
     assert (tmp_path / "demo" / "explore.jsonl").stat().st_size > 0  # its trace was written
