@@ -41,9 +41,10 @@ def wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 6
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    # SIGINT: uvicorn shuts down cleanly and tracekit exports what it holds.
+    # SIGTERM: uvicorn shuts down cleanly and tracekit exports what it holds (SIGINT is ignored
+    # by a server started from a script run in the background).
     if process.poll() is None:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(20)
         except subprocess.TimeoutExpired:

@@ -59,7 +59,9 @@ def wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 60)
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
-        process.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly and flushes traces
+        # uvicorn shuts down cleanly and flushes traces (SIGTERM: SIGINT is ignored by a server
+        # started from a script run in the background, as this one may be)
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(20)
         except subprocess.TimeoutExpired:

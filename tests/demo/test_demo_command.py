@@ -30,12 +30,15 @@ PIDS = re.compile(r"model server pid (\d+) .* gateway pid (\d+)")
 
 def demo(out: Path, *args: str) -> subprocess.Popen[str]:
     # The installed command, run where a user may stand: outside the checkout, beside a folder
-    # named tracekit (a clone's parent), which `python -m` in its servers once imported instead.
+    # named tracekit (a clone's parent), which `python -m` in its servers once imported instead;
+    # with SIGINT ignored, as a script's background job inherits it (CI's shell may): the demo
+    # then ignored Ctrl-C and SIGTERM alike, and its servers ignored its SIGINT.
     out.parent.joinpath("tracekit").mkdir(exist_ok=True)
     command = Path(sys.executable).with_name("tracekit")
     return subprocess.Popen([str(command), "demo", "--out", str(out), *args],
                             cwd=out.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
+                            text=True, env={**os.environ, "NO_COLOR": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
 
 
 def finish(process: subprocess.Popen[str], timeout: float) -> str:

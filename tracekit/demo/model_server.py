@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -307,7 +308,15 @@ def make_app(prefill_ms: float = 20.0, decode_ms: float = 5.0, serial: bool = Fa
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"x-sent-ns": str(time.perf_counter_ns())})  # fmt: skip
 
-    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        # Here, not after uvicorn.run: on SIGTERM uvicorn shuts down, then raises the signal
+        # again with its default action, which ends the process before any ``finally``.
+        if tracing is not None:
+            tracing.shutdown()
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])], lifespan=lifespan)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -363,11 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"model_server: error: {error}") from None
     app = make_app(args.prefill_ms, args.decode_ms, max_num_seqs=args.max_num_seqs,
                    batch_cost=args.batch_cost, tracing=tracing)  # fmt: skip
-    try:
-        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
-    finally:
-        if tracing is not None:
-            tracing.shutdown()
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

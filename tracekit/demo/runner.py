@@ -139,7 +139,9 @@ class Services:
 
     def stop(self, process: subprocess.Popen[bytes]) -> None:
         if process.poll() is None:
-            process.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly; traces flushed
+            # uvicorn shuts down cleanly (traces flushed) on SIGTERM as on SIGINT, and a process
+            # started by one that ignores SIGINT ignores it too.
+            process.send_signal(signal.SIGTERM)
             try:
                 process.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
@@ -350,6 +352,9 @@ def run(options: Options) -> int:
     (options.out / "servers.log").unlink(missing_ok=True)
     before, after = options.out / "before.jsonl", options.out / "after.jsonl"
     services = Services()
+    # Ctrl-C and SIGTERM stop it even where the parent left SIGINT ignored (a background job of
+    # a script): with SIGINT ignored, both were ignored and the demo ran on.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         print(f"tracekit demo: a gateway with five known problems, {options.requests} requests "
@@ -404,6 +409,7 @@ def run(options: Options) -> int:
     finally:
         services.stop_all()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def replay_note(report: Any, finding: Any) -> str | None:
