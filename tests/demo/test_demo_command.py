@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -41,14 +43,20 @@ def demo(out: Path, *args: str) -> subprocess.Popen[str]:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # fmt: skip
 
 
-def finish(process: subprocess.Popen[str], timeout: float) -> str:
+def finish(process: subprocess.Popen[str], timeout: float, pids: Sequence[int] = ()) -> str:
     """The rest of the demo's output once it exits; if it does not within ``timeout``, it is
-    killed and the test fails with what it last said (where a stop hung)."""
+    killed with its servers (``pids``, and those it names in that output: they run in
+    sessions of their own, and outlived a killed demo) and the test fails with what it last
+    said (where a stop hung)."""
     try:
         return process.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         process.kill()
-        said = process.communicate()[0][-2000:]  # all it said since the first communicate()
+        rest = process.communicate()[0]  # all it said since the first communicate()
+        for pid in {*pids, *(int(p) for m in PIDS.finditer(rest) for p in m.groups())}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        said = rest[-2000:]
         raise AssertionError(f"the demo did not exit in {timeout:.0f} s; it last said:\n{said}") from None
 
 
@@ -134,7 +142,7 @@ def test_interrupted_demo_stops_every_process_it_started(tmp_path: Path, sig: in
     while "answered" not in (line := process.stdout.readline()):
         assert line, "the demo ended before its load started"
     process.send_signal(sig)
-    rest = finish(process, 60)
+    rest = finish(process, 60, pids)
     assert process.returncode == 130, rest[-2000:]
     assert "Traceback" not in rest
     for pid in pids:
@@ -204,7 +212,7 @@ def test_keep_running_leaves_a_gateway_to_explore_until_ctrl_c(tmp_path: Path) -
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200 and response.json()["choices"]
     process.send_signal(signal.SIGINT)
-    rest = finish(process, 60)
+    rest = finish(process, 60, pids)
     assert process.returncode == 130, rest[-2000:]
     assert not [pid for pid in pids if alive(pid)]
     assert (tmp_path / "demo" / "explore.jsonl").stat().st_size > 0  # its trace was written
