@@ -13,6 +13,7 @@ from tests.analysis.factories import BASE_NS, Job, Op, ns, request, simulate_gat
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer, Validation, project, validate, window
 from tracekit.analysis.replay.arrivals import arrivals
 from tracekit.analysis.replay.build import ProgramBuilder
+from tracekit.analysis.replay.fixes import ModelCall
 from tracekit.analysis.replay.loop_waits import recorded_loop_waits
 from tracekit.analysis.replay.nodes import hold_after_queue
 from tracekit.analysis.replay.sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
@@ -204,6 +205,26 @@ def test_an_async_generator_stage_runs_beside_its_consumer() -> None:
     req = request(ROUTE, 0, 102, [model], cpu_ms=10.1, slices=[(20, 25), (60, 65)])
     program = ProgramBuilder(req, req.start_ns).program()
     assert any(node[0] == PAR for node in program)
+
+
+def test_a_streams_consumer_waits_for_the_model_servers_queue_only_as_long_as_the_call_does() -> None:
+    # A streamed call (1-101 ms) that waited 50 ms in a one-at-a-time server's queue, then 40
+    # ms of prefill and decode; its consumer (the request's own code) handled the chunks at
+    # 60-62, 70-72 and 80-82 ms. Its chain kept its recorded offset, the queue included, so
+    # with the queue gone (the fix: the server takes calls together) the request still lasted
+    # 83 ms: tracekit demo's streamed requests were projected at 287-317 ms against 140-177
+    # measured. The queue comes off the consumer's wait for the first chunk too.
+    model = stage("model", 1, 101, kind="model", cpu_ms=0.1, wait_ms=90,
+                  attributes={"tracekit.consumer_ms": 6.0})  # fmt: skip
+    req = request(ROUTE, 0, 102, [model], cpu_ms=6.1, slices=[(60, 62), (70, 72), (80, 82)])
+    call = ModelCall("model:server", queue_out_ms=0.0, queue_in_ms=50.0, wrap_stage=False, service_ms=40.0)
+    program = ProgramBuilder(req, req.start_ns, model_calls={model.span_id: call}).program()
+    [alone] = _ends([program], caps={"threads": 8, "model:server": None})
+    assert alone == pytest.approx(46, abs=1)  # the call: 1 + 0.1 + 43.9 held; 83 before
+    # Two at once on the one-at-a-time server: the second call waits for the first's 40 ms
+    # of service, and the second request ends with its call.
+    ends = _ends([program, program], caps={"threads": 8, "model:server": 1})
+    assert sorted(ends) == pytest.approx([46, 86], abs=1)
 
 
 # --- validation -------------------------------------------------------------------------------
