@@ -430,6 +430,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        # A folder that exists but takes no files (no permission, sysfs) fails here, not as
+        # an internal error once the servers start.
+        tempfile.TemporaryFile(dir=out).close()
     except OSError as exc:  # an existing file, no permission, a read-only place
         raise _UsageError(f"--out {args.out}: cannot use it as the demo's folder ({exc.strerror})") from None
     return run(Options(out, args.requests, args.concurrency, args.otlp, args.keep_running,

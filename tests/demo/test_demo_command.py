@@ -174,6 +174,11 @@ def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
         assert result.stderr.count("\n") == 1 and f"--out {out}" in result.stderr
         assert "internal error" not in result.stderr
     assert (tmp_path / "app.py").read_text() == "x = 1\n"
+    # A folder that takes no files (a new user's `--out /sys/kernel`, as root too): one line.
+    result = subprocess.run([sys.executable, "-m", "tracekit", "demo", "--out", "/sys/kernel"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--out /sys/kernel: cannot use it" in result.stderr
 
 
 def test_the_otlp_endpoint_is_checked_before_the_run() -> None:
