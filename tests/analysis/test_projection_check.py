@@ -25,9 +25,13 @@ def test_a_measured_change_inside_the_projected_range_held() -> None:
 def test_a_point_projection_holds_when_the_interval_covers_it() -> None:
     # No range: the point -10% is inside the measured interval -12%..-4%.
     assert check_metric("p50_ms", (100.0, 90.0), None, measured(100, 92, (-0.12, -0.04))).verdict == "held"
-    # Without a measured interval (too few requests) the point must equal it: it misses.
+    # Without a measured interval (too few requests) nothing is judged, even a point inside
+    # the projected range or far from it: a point cannot tell a change from noise.
     check = check_metric("p50_ms", (100.0, 90.0), None, measured(100, 92, None))
-    assert check.verdict == "missed" and check.missed_by == pytest.approx(0.02)
+    assert check.verdict == "inconclusive" and check.missed_by is None
+    inside = check_metric("p95_ms", (240.0, 210.0), (200.0, 230.0), measured(241, 212, None))
+    far = check_metric("p95_ms", (240.0, 210.0), (200.0, 230.0), measured(241, 300, None))
+    assert inside.verdict == far.verdict == "inconclusive"
 
 
 def test_a_smaller_gain_than_projected_missed_short() -> None:
