@@ -449,6 +449,26 @@ def test_hotrod_n_plus_one_is_found_and_its_concurrent_twin_is_not() -> None:
     assert twin == []
 
 
+@pytest.mark.skipif(not HOTROD.exists(), reason="real traces not present")
+def test_a_retry_of_a_failed_call_is_not_an_independent_call() -> None:
+    # HotROD's 13 GetDriver calls in FindNearest: 3 failed (a redis timeout) and were made
+    # again for the same driver. A retry waits for its failure, so 10 calls could overlap, and
+    # the saving is the summed time less the longest call with its retry (it said 13 calls,
+    # saving 172 ms, as though all 13 were independent).
+    spans = [s for s in read_spans(HOTROD) if s.name == "GetDriver"]
+    failed = [s for s in spans if s.error]
+    assert (len(spans), len(failed)) == (13, 3)
+    [f] = [f for f in run_rules(_hotrod(), _ctx()) if f.stage == "GetDriver"]
+    assert "13 'GetDriver' calls" in f.evidence
+    assert "3 of them retries of a failed call (each waited for the failure, so 10 could run together)" in f.evidence
+    by_driver: dict[object, float] = {}
+    for s in spans:
+        key = s.attributes["param.driverID"]
+        by_driver[key] = by_driver.get(key, 0.0) + s.duration_ms
+    assert f.impact_ms == pytest.approx(sum(by_driver.values()) - max(by_driver.values()))
+    assert "Issue the 10 'GetDriver' calls concurrently" in f.fix_title
+
+
 # --- findings as data -------------------------------------------------------------------------
 def test_finding_round_trips_through_its_dict() -> None:
     f = _one(guardrail_first(), "sequential-independent")

@@ -135,6 +135,8 @@ class StageRecord(Struct, array_like=True):
     #: A model call's own timing on the model server, when the server's span joined the
     #: trace (:class:`ServerTiming`), else ``None``.
     server: ServerTiming | None = None
+    #: The span's status is ERROR.
+    error: bool = False
 
 
 class RequestRecord(Struct, array_like=True):

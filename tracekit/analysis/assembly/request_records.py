@@ -242,6 +242,7 @@ def stage_record(span: Span) -> StageRecord:
             code_function=_text(get(semconv.CODE_FUNCTION)),
             code_namespace=_text(get(semconv.CODE_NAMESPACE)),
             attributes=a,
+            error=span.error,
         )  # fmt: skip
     if type(stage_name) is not str:
         stage_name = str(stage_name)
@@ -286,6 +287,7 @@ def stage_record(span: Span) -> StageRecord:
         (end_ns - start) / 1e6 if wall is None else wall,
         cpu, wait, loop_wait, children, max_block, on_loop, blocked_at, function, namespace,
         slices, waits, a, _SHAPES.get(shape) if type(shape) is str else None, frames,
+        error=span.error,
     )  # fmt: skip
 
 

@@ -11,7 +11,10 @@ Two shapes:
   least ``min_calls`` CLIENT children of one span with the same name and the same target
   (an HTTP call's host and path: instrumentations name every call ``HTTP GET``), no two of
   which overlap in time (an N+1). Running them concurrently would save their summed time
-  minus the longest. Fires when this happens in at least ``min_fraction`` of the route's
+  minus the longest. A call that failed and was made again with the same attributes (a
+  retry: HotROD's ``GetDriver`` after a redis timeout) is one unit of work with its retry,
+  which had to wait for it: the saving is the units' summed time minus the longest unit's.
+  Fires when this happens in at least ``min_fraction`` of the route's
   requests and saves p50 >= ``min_gain_ms``. A fan-out that already overlaps does not fire.
   The fix is Python code for a Python service, words for a service whose resource names
   another language (``telemetry.sdk.language``).
@@ -44,12 +47,29 @@ class _Serial:
     target: str = ""
 
     @property
+    def units(self) -> list[list[StageRecord]]:
+        """The calls as units of independent work: a call, and the same call made again
+        (same attributes) after it failed, each retry waiting for the failure before it."""
+        units: list[list[StageRecord]] = []
+        last: dict[tuple[tuple[str, str], ...], list[StageRecord]] = {}
+        for call in self.calls:  # sorted by start
+            key = _identity(call)
+            unit = last.get(key)
+            if key and unit is not None and unit[-1].error:
+                unit.append(call)
+            else:
+                unit = [call]
+                units.append(unit)
+            last[key] = unit
+        return units
+
+    @property
     def summed_ms(self) -> float:
         return sum(c.wall_ms for c in self.calls)
 
     @property
     def longest_ms(self) -> float:
-        return max(c.wall_ms for c in self.calls)
+        return max(sum(c.wall_ms for c in unit) for unit in self.units)
 
     @property
     def span_ms(self) -> float:
@@ -70,6 +90,18 @@ def serial_groups(req: RequestRecord, min_calls: int) -> dict[str, _Serial]:
         if name not in out or len(calls) > len(out[name].calls):
             out[name] = _Serial(parent or req.span_id, sorted(calls, key=lambda c: c.start_ns), target)
     return out
+
+
+def _identity(call: StageRecord) -> tuple[tuple[str, str], ...]:
+    # What a call was asked, to tell a retry (the same again) from another call: its
+    # attributes, less tracekit's own (timings) and the resend count a retry changes.
+    return tuple(
+        sorted(
+            (k, repr(v))
+            for k, v in call.attributes.items()
+            if not k.startswith("tracekit.") and k != "http.request.resend_count"
+        )
+    )
 
 
 def call_target(stage: StageRecord) -> str:
@@ -220,14 +252,21 @@ class SequentialIndependent:
             if len(groups) < self.min_fraction * len(reqs) or gain < self.min_gain_ms:
                 continue
             worst = max(groups, key=lambda g: g.summed_ms - g.longest_ms)
-            n = len(worst.calls)
+            n, units = len(worst.calls), len(worst.units)
             where = f" in {len(groups)} of {len(reqs)} requests" if len(reqs) > 1 else ""
             to = f" to {worst.target}" if worst.target else ""
+            retries = (
+                f", {n - units} of them retries of a failed call (each waited for the failure, "
+                f"so {units} could run together)"
+                if units < n
+                else ""
+            )
             evidence = (
                 f"{n} {name!r} calls{to} under span {worst.parent} ran one after another "
                 f"(0 of {n * (n - 1) // 2} pairs overlap; {ms(worst.summed_ms)} summed, "
-                f"longest {ms(worst.longest_ms)}, {ms(worst.span_ms)} from first start to last "
-                f"end){where}; run concurrently they would save about {ms(gain)} per request"
+                f"longest {ms(worst.longest_ms)}{' with its retries' if units < n else ''}, "
+                f"{ms(worst.span_ms)} from first start to last end{retries}){where}; run "
+                f"concurrently they would save about {ms(gain)} per request"
             )
             instrumented = any(r.instrumented for r in reqs)
             out.append(
@@ -239,7 +278,7 @@ class SequentialIndependent:
                     impact_ms=gain,
                     route_p50_ms=p50_latency(reqs),
                     evidence=evidence,
-                    fix=fixes.fan_out(name, n, function_of(worst.calls[0]), _language(reqs)),
+                    fix=fixes.fan_out(name, units, function_of(worst.calls[0]), _language(reqs)),
                     requests=requests,
                     ctx=ctx,
                     model=Fix("fanout", route, name) if instrumented else None,
