@@ -460,7 +460,8 @@ def test_a_retry_of_a_failed_call_is_not_an_independent_call() -> None:
     assert (len(spans), len(failed)) == (13, 3)
     [f] = [f for f in run_rules(_hotrod(), _ctx()) if f.stage == "GetDriver"]
     assert "13 'GetDriver' calls" in f.evidence
-    assert "3 of them retries of a failed call (each waited for the failure, so 10 could run together)" in f.evidence
+    retries = "3 of them retries of a failed call (each waited for the failure, so 10 could run together)"
+    assert retries in f.evidence
     by_driver: dict[object, float] = {}
     for s in spans:
         key = s.attributes["param.driverID"]
