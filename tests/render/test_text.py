@@ -164,6 +164,20 @@ def test_the_replay_states_its_model() -> None:
     assert "assumed: open arrivals at 30.2 req/s, 8 cores (this machine's: the trace does not say)" in said
 
 
+def test_small_routes_share_a_line_unless_they_failed() -> None:
+    # A probe route without stages, a sliver of the request time: one line at the end.
+    probe = {"route": "GET /healthz", "requests": 3, "errors": 0, "latency_ms": {"p50": 1.0}}
+    d = report_dict()
+    d["routes"].append(probe)
+    said = " ".join(render_text(d, width=100, color=False).split())
+    assert "Also seen · no stages, under 1% of the request time (probes, docs): GET /healthz (3" in said
+    # With an error (a new user's Jaeger trace: a 500 on GET /api/v1/pods), it gets its own
+    # section, and the error is said.
+    probe["errors"] = 1
+    said = " ".join(render_text(d, width=100, color=False).split())
+    assert "Also seen" not in said and "GET /healthz" in said and "1 error" in said
+
+
 def test_a_missing_projection_says_why() -> None:
     d = report_dict()
     d["findings"][0].update(projection=None, projection_note="the replay could not reproduce it")

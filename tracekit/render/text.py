@@ -179,15 +179,21 @@ def minor_routes(routes: list[Mapping[str, Any]]) -> set[int]:
         routes: the report's routes.
 
     Returns:
-        Routes without stages whose requests x p50 latency is under :data:`MINOR_SHARE` of
-        the sum over all routes (never every route: with nothing else, they are shown).
+        Routes without stages or errors whose requests x p50 latency is under
+        :data:`MINOR_SHARE` of the sum over all routes (never every route: with nothing else,
+        they are shown).
     """
     def time(r: Mapping[str, Any]) -> float:
         p50: Any = (r.get("latency_ms") or {}).get("p50")
         return _int(r.get("requests")) * (float(p50) if _is_number(p50) else 0.0)
 
     total = sum(time(r) for r in routes)
-    minor = {id(r) for r in routes if not r.get("stages") and time(r) < MINOR_SHARE * total}
+    # A route with errors always gets its section: its errors would go unsaid in one line.
+    minor = {
+        id(r)
+        for r in routes
+        if not r.get("stages") and not _int(r.get("errors")) and time(r) < MINOR_SHARE * total
+    }
     return minor if len(minor) < len(routes) else set()
 
 
