@@ -427,6 +427,9 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     from tracekit.demo.runner import Options, run
 
+    if args.concurrency > args.requests:
+        raise _UsageError(f"--concurrency {args.concurrency}: more clients than --requests "
+                          f"{args.requests} (each client sends one request at a time)")  # fmt: skip
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -162,6 +162,12 @@ def test_bad_option_is_one_line(tmp_path: Path) -> None:
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--requests" in result.stderr
+    # More clients than requests: a run that says "at 200 clients" of 2 requests.
+    args = ["--requests", "2", "--concurrency", "200"]
+    result = subprocess.run([sys.executable, "-m", "tracekit", "demo", *args],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--concurrency 200: more clients than --requests 2" in result.stderr
 
 
 def test_an_out_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
