@@ -210,13 +210,15 @@ class Replayer:
         routes = [r for r, n in counts.items() if n >= self.config.min_requests]
         if not routes:
             most = max(counts.values(), default=0)
-            return Validation(
-                False,
-                None,
-                None,
-                f"too few instrumented requests to validate the replay "
-                f"({most} on the busiest route, {self.config.min_requests} needed)",
+            # No instrumented request at all: plain OpenTelemetry spans, not a short recording.
+            few = (
+                "no tracekit attributes (plain OpenTelemetry spans): no CPU, wait and loop "
+                "components to replay"
+                if most == 0 and requests
+                else f"too few instrumented requests to validate the replay "
+                f"({most} on the busiest route, {self.config.min_requests} needed)"
             )
+            return Validation(False, None, None, few)
         run = self._baseline(None)
         errs = {r: errors(reqs, run, r) for r in routes}
         worst = max(routes, key=lambda r: max(abs(errs[r][0]), abs(errs[r][1])))
