@@ -23,6 +23,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.api import analyze_spans
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import Pipeline, Settings
+from tracekit.analysis.replay.sim import lone_rate
 from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, Rule, run_rules
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.rules.loop_load import utilisation_factor
@@ -237,21 +238,24 @@ def test_saturation_from_a_long_slice_stage_is_cpu_on_loops_finding() -> None:
     assert "cpu-on-loop" in rules and "loop-saturated" not in rules
 
 
-def test_cpu_moved_off_the_loop_is_not_projected_from_a_host_short_of_cpu() -> None:
+def test_cpu_moved_off_the_loop_is_projected_with_the_hosts_other_load() -> None:
     # A tokenizer moved to a thread on a host 15% short of CPU made the route slower
-    # (validation run K): the replay takes the cores as free, so it does not project there.
-    def tokenize_finding(runqueue: float, **analyze: object) -> str:
+    # (validation run K): the replay reads the host's other load from the loop windows'
+    # run-queue delay and gives the moved work what the other threads leave of the cores.
+    def tokenize_model(runqueue: float, **analyze: object) -> dict:
         spans = [*_windows(4, requests=160.0, lag=(1.0, 4.0, 9.0), probes=100, runqueue=runqueue)]
         for i in range(80):
             spans += request_spans(i * 50.0, 40.0, [("tokenize", 20.0, 0.0)])
             spans[-2].attributes[semconv.MAX_BLOCK_MS] = 20.0  # the stage's one slice
-        (f,) = [f for f in analyze_spans(spans, **analyze).findings if f.rule == "cpu-on-loop"]  # type: ignore[arg-type]
-        return f.projection_note or ""
+        report = analyze_spans(spans, **analyze)  # type: ignore[arg-type]
+        (f,) = [f for f in report.findings if f.rule == "cpu-on-loop"]
+        assert f.projection is not None, f.projection_note
+        return f.projection["model"]
 
-    assert "the gateway's host was short of CPU while this was recorded (its event loop waited " \
-           "for a CPU 15% of the time)" in tokenize_finding(150.0)  # fmt: skip
-    assert "short of CPU" not in tokenize_finding(10.0)  # 1%: the cores are free
-    assert "short of CPU" not in tokenize_finding(150.0, cores=2)  # --cores: the user says
+    busy = tokenize_model(150.0)  # the loop got 640 of 1240 ms ready to run
+    assert busy["loop_cpu_share"] == pytest.approx(640 / 1240, abs=1e-3)
+    assert lone_rate(busy["cores"], busy["host_others"]) == pytest.approx(640 / 1240, abs=0.01)
+    assert "host_others" not in tokenize_model(150.0, cores=2)  # --cores: the user says
 
 
 # --- gc-pauses -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ its projections, checked against known systems and queueing-theory figures."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,29 @@ def test_a_gil_holding_thread_slows_the_loop() -> None:
     free = [(HOLD, "threads", [(CPU, 50.0, False)])]
     assert _ends([loop, thread])[0] == pytest.approx(100.0)
     assert _ends([loop, free])[0] == pytest.approx(50.0)
+
+
+def test_the_hosts_other_load_slows_each_burst_added_beside_a_lone_one() -> None:
+    # On 2 cores beside K other runnable threads (Poisson, mean 1.5) a lone thread gets
+    # E[min(1, 2 / (1 + K))] of a core, which its recorded wall time already holds, so a lone
+    # burst runs as recorded. Beside a second burst each gets E[min(1, 2 / (2 + K))].
+    def poisson_mean(f: object) -> float:
+        return sum(math.exp(-1.5) * 1.5**k / math.factorial(k) * f(k) for k in range(60))  # type: ignore[operator]
+
+    alone = poisson_mean(lambda k: min(1.0, 2 / (1 + k)))
+    beside = poisson_mean(lambda k: min(1.0, 2 / (2 + k)))
+
+    def ends(programs: list[list]) -> list[float]:
+        sim = Simulation(2, {"threads": 8}, frozenset({"threads"}), others=1.5)
+        return sim.run(programs, [0.0] * len(programs))
+
+    loop = [(LOOP, 50.0, 0.0)]
+    free = [(HOLD, "threads", [(CPU, 50.0, False)])]
+    assert ends([loop]) == pytest.approx([50.0])
+    assert ends([free]) == pytest.approx([50.0])
+    assert ends([loop, free]) == pytest.approx([50.0 * alone / beside] * 2)
+    assert 50.0 * alone / beside > 60.0
+    assert _ends([loop, free], cores=2) == pytest.approx([50.0, 50.0])  # free cores
 
 
 def test_the_loop_is_one_server_and_blocking_holds_it_without_cpu() -> None:

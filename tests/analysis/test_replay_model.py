@@ -18,7 +18,8 @@ from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
-from tracekit.analysis.replay.host import cpu_count, quantile_range
+from tracekit.analysis.replay.host import cpu_count, others_of, quantile_range
+from tracekit.analysis.replay.sim import lone_rate
 from tracekit.analysis.rules.common import finding
 from tracekit.analysis.rules.findings import RuleContext, assess_severity, severity_for
 from tracekit.cli import main
@@ -128,6 +129,40 @@ def test_cores_come_from_the_trace_then_the_option_then_this_machine() -> None:
     assert plain is not None
     assert plain["model"]["cores"] == (os.cpu_count() or 1)
     assert plain["model"]["cores_source"] == "this machine"
+
+
+def test_the_hosts_other_load_is_read_from_the_loops_wait_for_a_cpu() -> None:
+    # The loop got 80% of a CPU while ready to run, on 2 cores: 1.5 other runnable threads.
+    # The as-recorded replay does not change; the tokenizer moved beside the loop gets less
+    # of a core than on a free host, so the projected gain is smaller.
+    traced = _with_cpus(_system("cpu", clients=10), **{semconv.PROCESS_CPUS: 2})
+    shares = {traced[0].service: 0.8}
+    busy, _ = Replayer(ReplayConfig(), shares).project(traced, FIX)
+    free, _ = Replayer(ReplayConfig()).project(traced, FIX)
+    assert busy is not None and free is not None
+    assert busy["model"]["loop_cpu_share"] == 0.8
+    assert lone_rate(2, busy["model"]["host_others"]) == pytest.approx(0.8, abs=0.01)
+    assert "host_others" not in free["model"]
+    assert busy["p50_ms"][0] == free["p50_ms"][0]
+    assert busy["p50_ms"][1] > 1.05 * free["p50_ms"][1]
+    # --cores says the cores free for the gateway: the trace's reading is not used.
+    given, _ = Replayer(ReplayConfig(cores=2), shares).project(traced, FIX)
+    assert given is not None and "host_others" not in given["model"]
+    assert given["p50_ms"] == free["p50_ms"]
+    # A loop that never waited for a CPU: the cores are free.
+    idle, _ = Replayer(ReplayConfig(), {traced[0].service: 1.0}).project(traced, FIX)
+    assert idle is not None and "host_others" not in idle["model"]
+
+
+def test_the_other_load_read_from_a_cpu_share_falls_to_none_as_the_share_nears_one() -> None:
+    # A lone thread's share falls as the others grow; a few wake-up delays on an idle host
+    # (a share near 1) read as almost no other load, not as a core's worth of it.
+    shares = [0.5, 0.7, 0.9, 0.99, 0.999]
+    others = [others_of(2, s) for s in shares]
+    assert others == sorted(others, reverse=True)
+    assert [lone_rate(2, o) for o in others] == pytest.approx(shares, abs=1e-6)
+    assert others[-1] < 0.1 and others[0] > 2.0
+    assert lone_rate(2, 0.0) == 1.0 and lone_rate(16, 10.0) == pytest.approx(0.99, abs=0.01)
 
 
 def test_cpu_counts_are_read_forgivingly() -> None:

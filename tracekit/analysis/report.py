@@ -204,10 +204,9 @@ def _rules_and_validation(
 ) -> tuple[list[Finding], dict[str, Any] | None]:
     single = only[0] if only is not None and len(only) == 1 else None
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
-    replayer = Replayer(ReplayConfig(cores=cores))
+    replayer = Replayer(ReplayConfig(cores=cores), agg.loops.cpu_shares())
     ctx = RuleContext(
-        route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops,
-        cores_given=cores is not None,
+        route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops
     )
     validation: dict[str, Any] = replayer.validate(sample).to_dict()
     found = run_rules(sample, ctx, routes=only)

@@ -553,6 +553,11 @@ def model_words(model: Mapping[str, Any]) -> str:
     sources = {"trace": "from the trace", "--cores": "--cores"}
     source = sources.get(str(model.get("cores_source")), "this machine's: the trace does not say")
     parts = [arrivals, f"{_int(model.get('cores'))} cores ({source})"]
+    if _is_number(model.get("host_others")) and _is_number(model.get("loop_cpu_share")):
+        parts.append(
+            f"{model['host_others']:.1f} other runnable threads on the host (read from the "
+            f"loop's wait for a CPU: {1 - model['loop_cpu_share']:.0%} of its ready time)"
+        )
     if _is_number(model.get("thread_pool_size")):
         parts.append(f"thread pool {_int(model['thread_pool_size'])}")
     return ", ".join(parts)

@@ -27,7 +27,7 @@ whatever the sample size (why 5,000 is enough: ``docs/analyzer-rules.md``, "Repl
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +171,11 @@ class Replayer:
 
     Args:
         config: the model's parameters (defaults: :class:`ReplayConfig`).
+        cpu_shares: per service, the share of a CPU its event loop got while ready to run,
+            from the trace's loop windows
+            (:meth:`~tracekit.analysis.stats.loop_windows.LoopWindows.cpu_shares`): the
+            host's other load is read from it (:mod:`~tracekit.analysis.replay.host`).
+            ``None``: the cores are taken as free.
 
     Cost: one replay is O(events x log events) (about 2 per loop step and 1 per delay) plus
     building the programs. Per sample, once: sorting and grouping its window, its arrivals,
@@ -180,8 +185,11 @@ class Replayer:
     ``_replay_build``; figures in ``docs/analyzer-rules.md``).
     """
 
-    def __init__(self, config: ReplayConfig | None = None) -> None:
+    def __init__(
+        self, config: ReplayConfig | None = None, cpu_shares: Mapping[str, float] | None = None
+    ) -> None:
         self.config = config or ReplayConfig()
+        self._cpu_shares = cpu_shares
         # Everything below belongs to the sample in ``_sample`` (held, so that the ids used
         # as keys stay valid); a new sample clears it.
         self._sample: Sequence[RequestRecord] | None = None
@@ -426,7 +434,7 @@ class Replayer:
             config = self.config
             self._loops = Loops(self._reqs, config.arrivals, config.closed_loop_gap_ms,
                                 config.closed_loop_fraction, config.cores,
-                                config.thread_pool_size)  # fmt: skip
+                                config.thread_pool_size, self._cpu_shares)  # fmt: skip
         return simulate(self._loops, lambda req: self._program(req, fix, calls, variant), capacities)
 
     def _program(

@@ -8,6 +8,21 @@ process may run on; ``tracekit.host.cpus``: the machine's); the readers copy the
 request spans. Precedence: ``ReplayConfig(cores=...)`` (``tracekit analyze --cores N``), else
 the trace, else this machine's (said so in the statement).
 
+**The host's other load.** A gateway host runs more than the gateway (a load generator, other
+services, noisy neighbours). The loop windows measure how long the loop thread waited for a
+CPU while ready to run (Linux: its run-queue delay); the share of a CPU it got while ready,
+``s = cpu / (cpu + run-queue delay)``, says how many other threads were runnable. Their
+number at an instant is taken as Poisson with mean ``others`` (:mod:`~.sim`: fair sharing of
+``cores`` between runnable threads, averaged over that number), and ``others`` is the mean
+under which a lone thread gets ``s`` (:func:`others_of`). A thread a fix adds beside the loop
+then gets less of a core than the loop had alone: on 2 cores, 0.78 of it where ``s`` was 0.72,
+0.83 where it was 0.92. Without the measurement, or with ``--cores`` (the user says the cores
+free for the gateway), ``others`` is 0: the cores are free. Limits: ``s`` is the recording's
+average; the Poisson count stands for load from many independent sources, so a few threads
+busy all the time (two CPU hogs) are read as lighter than they are; and the other processes'
+demand is taken as fixed, where a load generator or a model server on the same host works
+harder when the gateway gets faster.
+
 **Range.** The after figure is the replay's central estimate. Its range covers two
 uncertainties, both read from the trace: the sampling error of a percentile of the
 replayed requests (a distribution-free 95% interval from the order statistics: the
@@ -27,12 +42,14 @@ from typing import Any
 
 from tracekit import semconv
 from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.replay.sim import lone_rate
 
 #: Where the cores came from, as the statement says it.
 FROM_OPTION = "--cores"
 FROM_TRACE = "trace"
 FROM_MACHINE = "this machine"
 _Z95 = 1.96
+_MAX_OTHERS = 4096.0  # a loop thread that got almost no CPU: the reading stops there
 
 
 @dataclass(frozen=True)
@@ -45,12 +62,17 @@ class Host:
         machine_cpus: the host's logical CPUs when the trace says (asyncio sizes its
             default thread pool from them), else ``None``.
         thread_pool_size: workers of asyncio's default executor in the model.
+        others: the host's other runnable threads, on average (0: the cores are free).
+        loop_cpu_share: the share of a CPU the loop thread got while ready to run, where the
+            trace measured it (what ``others`` was read from), else ``None``.
     """
 
     cores: int
     source: str
     machine_cpus: int | None
     thread_pool_size: int
+    others: float = 0.0
+    loop_cpu_share: float | None = None
 
 
 def cpu_count(value: object) -> int | None:
@@ -77,13 +99,17 @@ def _recorded(reqs: Sequence[RequestRecord], key: str) -> int | None:
     return max(sorted(counts), key=lambda v: counts[v]) if counts else None
 
 
-def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: int | None) -> Host:
+def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: int | None,
+            loop_cpu_share: float | None = None) -> Host:  # fmt: skip
     """The :class:`Host` of one service's requests.
 
     Args:
         reqs: the service's replayed requests.
         cores: the configured cores (``None``: the trace's, else this machine's).
         thread_pool_size: the configured pool (``None``: asyncio's default on the host).
+        loop_cpu_share: the share of a CPU the service's loop thread got while ready to run
+            (:meth:`~tracekit.analysis.stats.loop_windows.LoopWindows.cpu_shares`), or
+            ``None`` where not measured. Not used with configured ``cores``.
     """
     machine = _recorded(reqs, semconv.HOST_CPUS)
     if cores is not None:
@@ -95,7 +121,22 @@ def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: 
         else:
             found, source = os.cpu_count() or 1, FROM_MACHINE
     pool = thread_pool_size or min(32, (machine or found) + 4)
-    return Host(found, source, machine, pool)
+    if cores is not None or loop_cpu_share is None or not 0 < loop_cpu_share < 1:
+        return Host(found, source, machine, pool)
+    return Host(found, source, machine, pool, others_of(found, loop_cpu_share), loop_cpu_share)
+
+
+def others_of(cores: int, loop_cpu_share: float) -> float:
+    """The mean number of the host's other runnable threads under which a lone thread gets
+    ``loop_cpu_share`` of a CPU on ``cores`` (:func:`~tracekit.analysis.replay.sim.lone_rate`
+    inverted by bisection: it falls as the others grow)."""
+    low, high = 0.0, 1.0
+    while lone_rate(cores, high) > loop_cpu_share and high < _MAX_OTHERS:
+        low, high = high, high * 2
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if lone_rate(cores, mid) > loop_cpu_share else (low, mid)
+    return (low + high) / 2
 
 
 def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: int,
@@ -123,6 +164,11 @@ def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: in
         **arrivals,
         "cores": host.cores,
         "cores_source": host.source,
+        **(
+            {}
+            if host.loop_cpu_share is None
+            else {"host_others": round(host.others, 2), "loop_cpu_share": round(host.loop_cpu_share, 3)}
+        ),
         "thread_pool_size": host.thread_pool_size,
         "event_loops": 1,
         "gil": True,

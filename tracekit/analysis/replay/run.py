@@ -9,7 +9,7 @@ model is not). :func:`simulate` runs one replay of the sample from the programs 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tracekit._percentile import percentile
@@ -61,12 +61,15 @@ class Loops:
         mode / gap_ms / min_fraction: arrival options (``ReplayConfig``).
         cores / thread_pool_size: the configured host (``None``: per service, from the trace;
             :func:`~tracekit.analysis.replay.host.host_of`).
+        cpu_shares: per service, the share of a CPU its loop thread got while ready to run
+            (the host's other load is read from it), where the trace measured it.
 
     Cost: O(requests + loop slices, log) once; every replay of the sample reuses it.
     """
 
     def __init__(self, reqs: list[RequestRecord], mode: str, gap_ms: float, min_fraction: float,
-                 cores: int | None = None, thread_pool_size: int | None = None) -> None:  # fmt: skip
+                 cores: int | None = None, thread_pool_size: int | None = None,
+                 cpu_shares: Mapping[str, float] | None = None) -> None:  # fmt: skip
         self.reqs = reqs
         self.t0 = min((r.start_ns for r in reqs), default=0)
         by_service: dict[str, list[int]] = {}
@@ -76,7 +79,7 @@ class Loops:
         for service, indexes in by_service.items():
             group = [reqs[i] for i in indexes]
             plan = arrivals(group, self.t0, mode, gap_ms, min_fraction)
-            host = host_of(group, cores, thread_pool_size)
+            host = host_of(group, cores, thread_pool_size, (cpu_shares or {}).get(service))
             self.services[service] = _Loop(indexes, plan, mixes_loops(group), host)
 
 
@@ -104,7 +107,7 @@ def simulate(
         host = loop.host
         caps = {**capacities, THREADS: capacities.get(THREADS) or host.thread_pool_size,
                 PROCESSES: capacities.get(PROCESSES) or host.cores}  # fmt: skip
-        sim = Simulation(host.cores, caps, frozenset((THREADS, PROCESSES)))
+        sim = Simulation(host.cores, caps, frozenset((THREADS, PROCESSES)), host.others)
         opens = [loop.plan.ready.get(local) for local in range(len(loop.indexes))]
         ends = sim.run(programs, opens, _Chainer(sim, loop.plan.chains))
         for local, index in enumerate(loop.indexes):

@@ -28,6 +28,15 @@ than one core, in which case the GIL group gets one core in total and the GIL-fr
 share the rest. A loop slice's CPU is a GIL burst, so worker threads running pure Python
 slow the loop down, which is the GIL cost of ``asyncio.to_thread`` for pure-Python work.
 
+The host's other load: runnable threads of other processes take part in that sharing like
+bursts of their own (the kernel shares the cores between runnable threads). Their number at
+an instant is taken as Poisson with mean ``others`` (many independent sources: a load
+generator, other services, neighbours), and each rate is its average over that number
+(:func:`fair_rates`). The recorded slices already hold what the others cost a lone loop
+thread (its run-queue delay is inside their wall time, as blocking), so every rate is divided
+by the rate a lone burst gets (:func:`lone_rate`): one burst runs as recorded, and each
+further burst of the gateway slows the others as the kernel would on that host.
+
 The loop runs like asyncio's ``_run_once``: an *iteration* runs the callbacks that were ready
 when it began; callbacks scheduled meanwhile with ``call_soon`` (a task woken by another
 task, a ``sleep(0)``, a worker thread's result via ``call_soon_threadsafe``) join the ready
@@ -57,6 +66,45 @@ Node = tuple[Any, ...]
 _EPS = 1e-9
 _IO_MS = 0.001  # a DELAY this long or longer is a wait for I/O or a timer, not a yield
 _INF = math.inf
+
+
+def _poisson(mean: float) -> list[float]:
+    """P(K = k) of a Poisson count of mean ``mean``, up to a tail under 1e-9."""
+    p = math.exp(-mean)
+    probs, total, k = [p], p, 0
+    while total < 1.0 - 1e-9 and k < 10_000:
+        k += 1
+        p *= mean / k
+        probs.append(p)
+        total += p
+    return probs
+
+
+def _fair(cores: int, n_gil: int, n_free: int, others: int) -> tuple[float, float]:
+    # Max-min fair shares of ``cores`` between the bursts and ``others`` threads, the GIL
+    # group capped at one core: (a GIL burst's rate, a GIL-free burst's rate).
+    each = min(1.0, cores / (n_gil + n_free + others))
+    if n_gil * each <= 1.0:
+        return each, each
+    return 1.0 / n_gil, (min(1.0, (cores - 1) / (n_free + others)) if n_free else 0.0)
+
+
+def fair_rates(cores: int, n_gil: int, n_free: int, others: float) -> tuple[float, float]:
+    """The rates of a GIL burst and of a GIL-free burst, averaged over the host's other
+    runnable threads (a Poisson count of mean ``others``; exact for ``others`` 0)."""
+    if others <= 0:
+        return _fair(cores, n_gil, n_free, 0)
+    gil = free = 0.0
+    for k, p in enumerate(_poisson(others)):
+        g, f = _fair(cores, n_gil, n_free, k)
+        gil += p * g
+        free += p * f
+    return gil, free
+
+
+def lone_rate(cores: int, others: float) -> float:
+    """The rate of one burst alone beside the host's other runnable threads."""
+    return fair_rates(cores, 1, 0, others)[0]
 
 
 class _Cursor:
@@ -109,6 +157,7 @@ class Simulation:
 
     Args:
         cores: CPU cores the process (and its process pool) may use, >= 1.
+        others: the host's other runnable threads, on average (see the module docstring).
         capacities: slots per :data:`HOLD` resource key; ``None`` means unlimited. A key not
             listed is unlimited.
         pools: the keys that are worker pools (threads, processes).
@@ -119,10 +168,17 @@ class Simulation:
     """
 
     def __init__(
-        self, cores: int, capacities: dict[str, int | None], pools: frozenset[str] = frozenset()
+        self,
+        cores: int,
+        capacities: dict[str, int | None],
+        pools: frozenset[str] = frozenset(),
+        others: float = 0.0,
     ) -> None:
         self._pools = pools
         self.cores = cores
+        self.others = others
+        self._alone = lone_rate(cores, others)  # as recorded
+        self._rates: dict[tuple[int, int], tuple[float, float]] = {}  # by (GIL, GIL-free) bursts
         self.now = 0.0
         self._capacities = capacities
         self._resources: dict[str, _Resource] = {}
@@ -233,12 +289,11 @@ class Simulation:
             if burst.gil:
                 n_gil += 1
         n_free = len(bursts) - n_gil
-        each = min(1.0, self.cores / len(bursts))
-        if n_gil * each <= 1.0:
-            gil_rate = free_rate = each
-        else:
-            gil_rate = 1.0 / n_gil
-            free_rate = min(1.0, (self.cores - 1) / n_free) if n_free else 0.0
+        rates = self._rates.get((n_gil, n_free))
+        if rates is None:
+            gil, free = fair_rates(self.cores, n_gil, n_free, self.others)
+            rates = self._rates[(n_gil, n_free)] = (gil / self._alone, free / self._alone)
+        gil_rate, free_rate = rates
         for burst in bursts:
             burst.rate = gil_rate if burst.gil else free_rate
 

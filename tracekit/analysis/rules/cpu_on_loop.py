@@ -28,7 +28,6 @@ from tracekit.analysis.rules.common import (
     victim_note,
 )
 from tracekit.analysis.rules.findings import Finding, RuleContext
-from tracekit.analysis.rules.loop_load import LoopLoad, loop_loads
 from tracekit.analysis.rules.stage_code import (
     GIL_FREE,
     JSON_DECODE,
@@ -37,7 +36,6 @@ from tracekit.analysis.rules.stage_code import (
     StageCode,
     cpu_of,
 )
-from tracekit.analysis.stats.loop_windows import HOST_SHORT_SHARE
 
 #: Why an (async) generator's CPU has no projection: its fix is words, not a replay action.
 GENERATOR_NOTE = (
@@ -144,10 +142,6 @@ class CpuOnLoop(LoopUsageRule):
         per_second = index.blame_ms_per_second(service, route, name)
         code = StageCode.of(name, (u.stage for u in uses))
         fix, model, note = fix_for_cpu(route, code)
-        if model is not None and model.action in ("thread", "process"):
-            short = _short_of_cpu(loop_loads(requests, ctx).get(service), ctx)
-            if short is not None:
-                model, note = None, short
         victim = index.main_victim(service, route, name)
         evidence = (
             f"{name_of(name)} ran {ms(percentile(cpu, 0.5))} of CPU on the event loop per "
@@ -169,22 +163,3 @@ class CpuOnLoop(LoopUsageRule):
             model=replace(model, report_route=victim) if model is not None else None,
             no_model_note=note,
         )
-
-
-def _short_of_cpu(load: LoopLoad | None, ctx: RuleContext) -> str | None:
-    """Why CPU moved to a thread or process is not projected, when the recording's host was
-    short of CPU (its loop waited for a CPU ``HOST_SHORT_SHARE`` of the time or more) and no
-    ``--cores`` said what was free, else ``None``.
-
-    The replay takes the host's cores as free for the moved work; on a busy host it waits for
-    a core instead (a tokenizer moved to a thread on a host 15% short of CPU made the route
-    slower: docs/analyzer-rules.md, run K)."""
-    share = load.cpu_wait_share if load is not None else None
-    if share is None or share < HOST_SHORT_SHARE or ctx.cores_given:
-        return None
-    return (
-        f"the gateway's host was short of CPU while this was recorded (its event loop waited "
-        f"for a CPU {share:.0%} of the time), and CPU moved to another thread or process "
-        f"helps only where a core is free, so no projection is shown; recorded on a host with "
-        f"free cores, or with --cores N for the cores free for the gateway, it would project"
-    )

@@ -198,8 +198,6 @@ class RuleContext:
         loops: the event loops' windows
             (:class:`~tracekit.analysis.stats.loop_windows.LoopWindows`) when the traces had
             ``tracekit.loop`` spans; the loop rules need them, the others ignore them.
-        cores_given: the user said how many cores the gateway host had (``--cores``): the
-            replay takes them as free.
     """
 
     route: str | None = None
@@ -208,7 +206,6 @@ class RuleContext:
     slo: Any = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
     loops: LoopWindows | None = None
-    cores_given: bool = False
 
 
 @dataclass

@@ -172,7 +172,7 @@ class LoopStats:
 
     __slots__ = ("busy", "first_ns", "gc_counts", "gc_max_generation", "gc_max_ms", "inflight_max",
                  "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "profile",
-                 "runqueue_ns", "runqueue_wall_ns", "service", "tasks_max", "thread",
+                 "runqueue_cpu_ns", "runqueue_ns", "runqueue_wall_ns", "service", "tasks_max", "thread",
                  "windows")  # fmt: skip
 
     #: The integer sums of ``ns``, in this order.
@@ -196,8 +196,8 @@ class LoopStats:
         self.first_ns: int | None = None
         self.last_ns: int | None = None
         self.profile: tuple[float, str, str, str] | None = None
-        # Run-queue delay, and the wall time of the windows that measured it.
-        self.runqueue_ns = self.runqueue_wall_ns = 0
+        # Run-queue delay, and the wall time and the loop's CPU of the windows that measured it.
+        self.runqueue_ns = self.runqueue_wall_ns = self.runqueue_cpu_ns = 0
 
     def add(self, w: LoopWindow) -> None:
         """Count one window."""
@@ -227,6 +227,7 @@ class LoopStats:
         if w.runqueue_ms is not None:
             self.runqueue_ns += _to_ns(w.runqueue_ms)
             self.runqueue_wall_ns += values[0]
+            self.runqueue_cpu_ns += _to_ns(w.cpu_ms)
 
     def _pause(self, ms: float, generation: int | None) -> None:
         # The longest pause; on a tie the older generation (a deterministic choice).
@@ -262,6 +263,7 @@ class LoopStats:
         self.profile = larger_profile(self.profile, other.profile)
         self.runqueue_ns += other.runqueue_ns
         self.runqueue_wall_ns += other.runqueue_wall_ns
+        self.runqueue_cpu_ns += other.runqueue_cpu_ns
 
     def ms(self, name: str) -> float:
         """One of :attr:`SUMS` in ms."""
@@ -384,6 +386,19 @@ class LoopWindows:
         """The kept windows (of ``service`` when given), by start time."""
         kept = sorted((w for _, _, w in self._kept), key=lambda w: w.key)
         return [w for w in kept if service is None or w.service == service]
+
+    def cpu_shares(self) -> dict[str, float]:
+        """Per service, the share of a CPU its loop threads got while ready to run: their CPU
+        over that CPU plus their run-queue delay, in the windows that measured the delay
+        (Linux); services without such windows are left out. The replay reads the host's
+        other load from it (:mod:`tracekit.analysis.replay.host`)."""
+        sums: dict[str, list[int]] = {}
+        for stats in self.loops.values():
+            if stats.runqueue_wall_ns:
+                pair = sums.setdefault(stats.service, [0, 0])
+                pair[0] += stats.runqueue_cpu_ns
+                pair[1] += stats.runqueue_ns
+        return {service: cpu / (cpu + queued) for service, (cpu, queued) in sums.items() if cpu > 0}
 
     def to_dict(self, route_cpu: Sequence[tuple[str, str, float]] = ()) -> dict[str, Any] | None:
         """The report's ``loop`` section, or ``None`` when there were no loop windows.
