@@ -464,6 +464,30 @@ def test_realistic_report_has_every_section_and_its_numbers() -> None:
     assert page.index("badge sev-high") < page.index("badge sev-low")  # most severe first
 
 
+def test_a_projection_shows_its_range_its_model_and_why_it_is_rated_so() -> None:
+    # As the text report does: the after's range, the replay's assumptions and the severity's
+    # reason (a new user's HTML report showed the points alone).
+    report = realistic_report()
+    finding = report["findings"][0]
+    finding["projection"]["range"] = {"p50_ms": [250.0, 221.5], "throughput_rps": [55.0, 66.0]}
+    finding["projection"]["model"] = {
+        "arrivals": "closed", "clients": 16, "cores": 2, "cores_source": "trace",
+        "host_others": 1.27, "loop_cpu_share": 0.851, "thread_pool_size": 6,
+    }  # fmt: skip
+    finding["severity_reason"] = "projected p50 -43% (-176 ms, range -46 to -39%)"
+    page = render_html(report)
+    for text in (
+        "236 ms <span class=\"gain\">(-43%)</span> <span class=\"muted\">(range 222 ms to 250 ms)</span>",
+        "61.5 req/s <span class=\"gain\">(+59%)</span> <span class=\"muted\">(range 55.0 req/s to 66.0 "
+        "req/s)</span>",
+        "Assumed: a closed loop of 16 clients, 2 cores (from the trace), 1.3 other runnable threads "
+        "on the host (read from the loop&#x27;s wait for a CPU: 15% of its ready time), thread pool 6",
+        "HIGH: projected p50 -43% (-176 ms, range -46 to -39%)",
+    ):
+        assert text in page, text
+    assert page.count("(range ") == 2  # the p95 row had no range: none is made up
+
+
 def test_breakdown_chart_draws_each_component_with_a_legend() -> None:
     page = render_html(realistic_report())
     breakdown = page[page.index('<svg class="breakdown"') :]

@@ -96,6 +96,20 @@ def test_stage_names_wider_than_their_column_are_shown_whole() -> None:
     assert not [line for line in lines if "…" in line and "fastapi" in line]
 
 
+def test_a_kind_longer_than_the_column_widens_it() -> None:
+    # A foreign span's kind ("unspecified") was cut to "unspecif…".
+    d = report_dict()
+    base = d["routes"][0]["stages"][0]
+    d["routes"][0]["stages"] = [{**base, "stage": "db", "kind": "unspecified"},
+                                {**base, "stage": "model", "kind": "model"}]  # fmt: skip
+    for width in (60, 100):
+        lines = render_text(d, width=width, color=False, unicode=True).splitlines()
+        assert any(line.split()[:3] == ["db", "unspecified", "1,200"] for line in lines)
+        assert any(line.split()[:3] == ["model", "model", "1,200"] for line in lines)
+        assert all(len(line) <= width for line in lines)
+        assert not [line for line in lines if "unspecif…" in line]
+
+
 def test_long_names_locations_and_code_wrap_instead_of_being_cut() -> None:
     d = report_dict()
     long_name = "gateway.handlers.chat.completions.streaming_response_assembly_stage"
@@ -158,6 +172,10 @@ def test_the_replay_states_its_model() -> None:
     d["validation"]["model"].update(clients=8, arrivals_read_by="think time", think_ms=802.5)
     said = " ".join(render_text(d, width=60, color=False).split())
     assert "a closed loop of 8 clients (read from their 802 ms think time; in flight: mean 2.38" in said
+    d["validation"]["model"].update(host_others=2.07, loop_cpu_share=0.717)
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert ("2 cores (from the trace), 2.1 other runnable threads on the host (read from the "
+            "loop's wait for a CPU: 28% of its ready time), thread pool 6") in said  # fmt: skip
     d["validation"]["model"] = {"arrivals": "open", "rate_rps": 30.2, "cores": 8,
                                 "cores_source": "this machine"}  # fmt: skip
     said = " ".join(render_text(d, width=60, color=False).split())

@@ -377,11 +377,14 @@ class _Renderer:
         if not stages:
             return
         # Optional columns are dropped from the right until the table fits the width.
+        # The kind column fits the longest kind ("unspecified" from a foreign span), up to
+        # _KIND_MAX: only a kind longer than any the readers make is cut.
+        kind_w = min(_KIND_MAX, max(9, *(len(str(s.get("kind"))) for s in stages)))
         columns = [c for c in _STAGE_COLUMNS]
-        while columns and 24 + sum(w + 1 for _, w, _ in columns) > self.width:
+        while columns and 15 + kind_w + sum(w + 1 for _, w, _ in columns) > self.width:
             columns.pop()
-        name_w = max(8, min(28, self.width - 16 - sum(w + 1 for _, w, _ in columns)))
-        head = f"    {'stage':<{name_w}} {'kind':<9}" + "".join(f" {h:>{w}}" for h, w, _ in columns)
+        name_w = max(8, min(28, self.width - 7 - kind_w - sum(w + 1 for _, w, _ in columns)))
+        head = f"    {'stage':<{name_w}} {'kind':<{kind_w}}" + "".join(f" {h:>{w}}" for h, w, _ in columns)
         self._add("  stages")
         self._add(self.p.dim + head + self.p.reset)
         for stage in stages:
@@ -393,7 +396,7 @@ class _Renderer:
                 # stay apart, and no column is dropped for them.
                 self._name(name, 4)
                 name = ""
-            self._add(f"    {name:<{name_w}} {self._cut(str(stage.get('kind')), 9):<9}{cells}")
+            self._add(f"    {name:<{name_w}} {self._cut(str(stage.get('kind')), kind_w):<{kind_w}}{cells}")
             if stage.get("function"):
                 self._name(str(stage["function"]), 6, self.p.dim)
             if stage.get("blocked_at"):
@@ -588,6 +591,8 @@ def _on_loop(stage: Mapping[str, Any]) -> str:
     return "yes" if value is True else "no" if value is False else "-"
 
 
+#: The widest kind column of the stage table (the readers' longest kind is 11 characters).
+_KIND_MAX = 16
 #: Stage table columns after name and kind: (header, width, cell), most important first.
 _STAGE_COLUMNS = (
     ("count", 6, lambda s: f"{_int(s.get('count')):,}"),

@@ -137,13 +137,16 @@ def projection_bars(projection: Mapping[str, Any]) -> str:
     """Before/after bars for a finding's projection (p50, p95, throughput).
 
     Args:
-        projection: ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...]}``;
-            rows whose pair is not two numbers are skipped.
+        projection: ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...],
+            "range": {"p50_ms": [low, high], ...}}``; rows whose pair is not two numbers are
+            skipped; the after's range is shown where it is two numbers.
 
     Returns:
         An HTML fragment, or "" when no row is usable.
     """
     rows = []
+    ranges = projection.get("range")
+    ranges = ranges if isinstance(ranges, Mapping) else {}
     for key, label, lower_is_better in _PROJ_ROWS:
         pair = projection.get(key)
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
@@ -151,13 +154,16 @@ def projection_bars(projection: Mapping[str, Any]) -> str:
         before, after = num(pair[0]), num(pair[1])
         if before is None or after is None:
             continue
-        rows.append(_proj_row(label, before, after, lower_is_better, key != "throughput_rps"))
+        rows.append(
+            _proj_row(label, before, after, lower_is_better, key != "throughput_rps", _span(ranges.get(key)))
+        )
     if not rows:
         return ""
     return '<div class="proj" aria-label="projected effect of the fix">' + "".join(rows) + "</div>"
 
 
-def _proj_row(label: str, before: float, after: float, lower_better: bool, is_ms: bool) -> str:
+def _proj_row(label: str, before: float, after: float, lower_better: bool, is_ms: bool,
+              span: tuple[float, float] | None) -> str:  # fmt: skip
     top = max(abs(before), abs(after)) or 1.0
 
     def fmt(value: float) -> str:
@@ -173,8 +179,25 @@ def _proj_row(label: str, before: float, after: float, lower_better: bool, is_ms
         f'<div class="lbl">{label}</div><div class="bars">'
         f'<div class="bar b" style="width:{abs(before) / top * 100:.1f}%" title="before"></div>'
         f'<div class="bar a" style="width:{abs(after) / top * 100:.1f}%" title="after"></div></div>'
-        f'<div class="val">{fmt(before)} → {fmt(after)}{change}</div>'
+        f'<div class="val">{fmt(before)} → {fmt(after)}{change}{_range(span, is_ms)}</div>'
     )
+
+
+def _span(bounds: object) -> tuple[float, float] | None:
+    # A range read tolerantly: two numbers, in either order.
+    if not isinstance(bounds, (list, tuple)) or len(bounds) != 2:
+        return None
+    low, high = num(bounds[0]), num(bounds[1])
+    return None if low is None or high is None else (min(low, high), max(low, high))
+
+
+def _range(span: tuple[float, float] | None, is_ms: bool) -> str:
+    # The after's range, in the same units: "(610 to 655 ms)".
+    if span is None:
+        return ""
+    low, high = (fmt_ms(v, True) if is_ms else f"{fmt_rps(v)} req/s" for v in span)
+    return f' <span class="muted">(range {low} to {high})</span>'
+
 
 
 # --- slowest request waterfall -------------------------------------------------------------

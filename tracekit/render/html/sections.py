@@ -23,6 +23,7 @@ from tracekit.render.html.util import (
     num,
     profile_details,
 )
+from tracekit.render.text import model_words
 
 _PCTS = ("p50", "p90", "p95", "p99")
 
@@ -141,11 +142,15 @@ def _finding(f: Mapping[str, Any]) -> str:
     if not proj_html:
         note = f.get("projection_note") or "no projection for this finding"
         proj_html = f'<p class="note">No projection: {esc(note)}</p>'
+    elif isinstance(projection, Mapping) and isinstance(projection.get("model"), Mapping):
+        proj_html += f'<p class="note">Assumed: {esc(model_words(projection["model"]))}</p>'
+    reason = f.get("severity_reason")
+    reason_html = f'<p class="note">{esc(str(sev).upper())}: {esc(reason)}</p>' if reason else ""
     return (
         f'<article class="card finding"><header><span class="badge sev-{sev}">{sev}</span>'
         f'<span class="rule">{esc(f.get("rule") or "finding")}</span>'
         f'<span class="where">{where_html}</span>{impact_html}</header>'
-        f"<p>{esc(f.get('evidence') or '')}</p>{fix_html}{proj_html}</article>"
+        f"{reason_html}<p>{esc(f.get('evidence') or '')}</p>{fix_html}{proj_html}</article>"
     )
 
 

@@ -139,7 +139,8 @@ def _summary(lanes: list[_Lane], duration: float, total_lanes: int) -> str:
     waited = sum(e - s for ln in lanes for s, e, _ in ln.waits)
     text = (
         f"{len(lanes)} requests over {fmt_ms(duration, True)}; the loop was held by "
-        f"request code for {fmt_ms(busy, True)} ({fmt_pct(busy / duration)} of the window), "
+        f"request code in steps of 1 ms or more (the ones recorded) for {fmt_ms(busy, True)} "
+        f"({fmt_pct(busy / duration)} of this window), "
         f"and requests spent {fmt_ms(waited, True)} in total ready but waiting for it."
     )
     if slices:
