@@ -36,17 +36,17 @@ TYPECHECK = rm -rf build/typecheck && mkdir -p build/typecheck \
 
 $(BIN)/python:
 	@echo "== creating $(VENV)"
-	$(PY) -m venv $(VENV)
-	$(PIP) -q setuptools  # to build tracekit's editable install (no build isolation: one venv)
+	@$(PY) -m venv $(VENV)
+	@$(PIP) -q setuptools  # to build tracekit's editable install (no build isolation: one venv)
 
 # The editable install itself compiles nothing (TRACEKIT_PURE_PYTHON=1 for pip): the
 # compiled build is its own step below, so that each step can say what it does.
 $(INSTALLED): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(BIN)/python
-	@echo "== installing tracekit, the demo's dependencies and mypy (the compiler) into $(VENV) (first run only, ~30 s)"
+	@echo "== installing tracekit and the demo's dependencies into $(VENV) (first run only, ~30 s)"
 	@# pip says nothing while it installs: a line every 5 s
-	(while sleep 5; do echo "   ... still installing"; done) & ticker=$$!; \
-	TRACEKIT_PURE_PYTHON=1 $(PIP) -q -e '.[demo,compile]'; status=$$?; kill $$ticker; exit $$status
-	touch $@
+	@(while sleep 5; do echo "   ... still installing"; done) & ticker=$$!; \
+	TRACEKIT_PURE_PYTHON=1 $(PIP) -q -e '.[demo]'; status=$$?; kill $$ticker; exit $$status
+	@touch $@
 
 # dev holds demo and compile: one pip run serves both stamps.
 $(INSTALLED_DEV): pyproject.toml constraints.txt constraints-py310.txt setup.py | $(BIN)/python
@@ -57,11 +57,15 @@ $(INSTALLED_DEV): pyproject.toml constraints.txt constraints-py310.txt setup.py 
 $(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
 	@echo "== compiling the request path ($(words $(COMPILED_MODULES)) modules) with mypyc, and the watchdog's C poll"
 	@echo "   (after a fresh clone or an edit of them, ~30 s; TRACEKIT_PURE_PYTHON=1 make ... skips it)"
-	find tracekit -name '*.so' -delete; rm -f *__mypyc*.so  # no module left from an earlier list
+	@# The compiler (the compile extra: mypy) comes with make test's tools; after make demo alone
+	@# it is not there yet.
+	@$(BIN)/python -c "import mypyc" 2>/dev/null || { echo "   installing mypy, the compiler, first"; \
+	TRACEKIT_PURE_PYTHON=1 $(PIP) -q -e '.[compile]'; }
+	@find tracekit -name '*.so' -delete; rm -f *__mypyc*.so  # no module left from an earlier list
 	@# gcc says nothing while it compiles mypyc's one library (~10-15 s): a line every 5 s
-	(while sleep 5; do echo "   ... still compiling"; done) & ticker=$$!; \
+	@(while sleep 5; do echo "   ... still compiling"; done) & ticker=$$!; \
 	PYTHONUNBUFFERED=1 $(BIN)/python setup.py build_ext --inplace; built=$$?; kill $$ticker; exit $$built
-	touch $@
+	@touch $@
 
 $(PHOENIX_INSTALLED): constraints-phoenix.txt
 	@echo "== installing Arize Phoenix (pinned: constraints-phoenix.txt) into $(PHOENIX_VENV) for the"
@@ -79,7 +83,8 @@ build: $(COMPILED)  ## (re)compile the request path after editing it (make demo 
 # would add ~30-50 s to the first run, for a tracing cost the demo's figures do not show), the
 # compiled request path once make test or make build has made it.
 demo: $(INSTALLED)
-	$(BIN)/tracekit demo --out out
+	@echo "== tracekit demo --out out"
+	@$(BIN)/tracekit demo --out out
 
 # Both builds are tested: the whole suite on the compiled one, then the request path's tests
 # (tests/core, tests/hostile/recorder) on the plain-Python one. Two pytest-xdist workers: the
