@@ -163,6 +163,10 @@ def test_the_other_load_read_from_a_cpu_share_falls_to_none_as_the_share_nears_o
     assert [lone_rate(2, o) for o in others] == pytest.approx(shares, abs=1e-6)
     assert others[-1] < 0.1 and others[0] > 2.0
     assert lone_rate(2, 0.0) == 1.0 and lone_rate(16, 10.0) == pytest.approx(0.99, abs=0.01)
+    # A loop that got next to no CPU (hostile or broken windows): the reading stops at 500
+    # others, where the replay's rates are still positive.
+    assert others_of(2, 1e-12) == pytest.approx(500.0)
+    assert lone_rate(2, others_of(2, 1e-12)) > 0
 
 
 def test_cpu_counts_are_read_forgivingly() -> None:

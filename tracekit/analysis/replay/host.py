@@ -49,7 +49,9 @@ FROM_OPTION = "--cores"
 FROM_TRACE = "trace"
 FROM_MACHINE = "this machine"
 _Z95 = 1.96
-_MAX_OTHERS = 4096.0  # a loop thread that got almost no CPU: the reading stops there
+#: A loop thread that got almost no CPU (a share under cores / 501): the reading stops here,
+#: where a Poisson term still has a positive float (e^-745 underflows to 0).
+_MAX_OTHERS = 500.0
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def others_of(cores: int, loop_cpu_share: float) -> float:
     inverted by bisection: it falls as the others grow)."""
     low, high = 0.0, 1.0
     while lone_rate(cores, high) > loop_cpu_share and high < _MAX_OTHERS:
-        low, high = high, high * 2
+        low, high = high, min(high * 2, _MAX_OTHERS)
     for _ in range(50):
         mid = (low + high) / 2
         low, high = (mid, high) if lone_rate(cores, mid) > loop_cpu_share else (low, mid)

@@ -192,7 +192,7 @@ def _span(bounds: object) -> tuple[float, float] | None:
 
 
 def _range(span: tuple[float, float] | None, is_ms: bool) -> str:
-    # The after's range, in the same units: "(610 to 655 ms)".
+    # The after's range, in the same units: "(range 610 ms to 655 ms)".
     if span is None:
         return ""
     low, high = (fmt_ms(v, True) if is_ms else f"{fmt_rps(v)} req/s" for v in span)
