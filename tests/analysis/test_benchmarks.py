@@ -23,3 +23,14 @@ def test_analyzer_phases_runs_every_phase(tmp_path: Path) -> None:
     gen_traces().write_jsonl(path, 2_000)
     for upto in ("imports", "pipeline", "pipeline-unpacked", "report"):
         assert _run("bench/analyzer_phases.py", str(path), "--upto", upto) == ""
+
+
+def test_loop_wait_overlap_reads_the_calls_a_block_overlapped(tmp_path: Path) -> None:
+    # The simulated gateway's tokenize holds the loop while other requests' model calls wait.
+    path = tmp_path / "t.jsonl"
+    gen_traces().write_jsonl(path, 300)
+    out = _run("bench/loop_wait_overlap.py", str(path), "--block", "tokenize").splitlines()
+    counted = out[0].removeprefix("model calls a tokenize block of another request overlapped: ")
+    overlapped, total = (int(n) for n in counted.split(" of "))
+    assert 0 < overlapped <= total
+    assert out[1].startswith("  their wall p50 ") and "loop wait booked p50" in out[1]
