@@ -52,8 +52,9 @@ def run(loop: str, requests: int, concurrency: int, parse_units: float,
     log: list[tuple[int, int, int, int]] = []  # (task id, suspended, resumed, estimate)
     estimate = event_loop.estimate_loop_wait
 
-    def logged(state: event_loop.ThreadState, suspended: int, resumed: int, awaiting: Any) -> int:
-        waited = estimate(state, suspended, resumed, awaiting)
+    def logged(state: event_loop.ThreadState, suspended: int, resumed: int, awaiting: Any,
+               cpu: int = -1) -> int:  # fmt: skip
+        waited = estimate(state, suspended, resumed, awaiting, cpu)
         log.append((task_key(), suspended, resumed, waited))
         return waited
 

@@ -177,6 +177,24 @@ def test_estimator_takes_the_probed_lag_for_unknown_readiness() -> None:
     assert event_loop.estimate_loop_wait(state, 0, 100 * MS + event_loop.GAP_NS + 1, None) == 0
 
 
+def test_estimator_reads_an_idle_gap_before_the_resumption_by_the_loops_cpu() -> None:
+    # Another request's block held the loop from 10 to 32 ms; the probe measured a 20 ms lag
+    # right after it. This reply came later: the loop's last traced slice ended at 33 ms and
+    # the coroutine resumed at 41 ms, with the loop thread on CPU 0.3 ms in between (idle).
+    state = event_loop.ThreadState()
+    event_loop.record_slice(state, 10 * MS, 32 * MS, cpu=500 * MS)
+    event_loop.record_slice(state, int(32.2 * MS), 33 * MS, cpu=501 * MS)
+    state.lag, state.lag_at = 20 * MS, int(32.1 * MS)
+    idle = int(501.3 * MS)
+    assert event_loop.estimate_loop_wait(state, 0, 41 * MS, None, idle) == int(0.3 * MS)
+    # Without the CPU reading, as before: the lag.
+    assert event_loop.estimate_loop_wait(state, 0, 41 * MS, None) == 20 * MS
+    # The loop thread on CPU for most of the gap (untraced work held it): the lag stands.
+    assert event_loop.estimate_loop_wait(state, 0, 41 * MS, None, 507 * MS) == 20 * MS
+    # A resumption right after the block (a gap under IDLE_GAP_NS): the lag stands.
+    assert event_loop.estimate_loop_wait(state, 0, int(33.5 * MS), None, int(501.1 * MS)) == 20 * MS
+
+
 def test_estimator_counts_the_probes_overdue_time_whole_after_short_slices() -> None:
     # A saturated loop: the probe's timer was due at 50 ms, and many short slices have run
     # since; work made ready by then has waited 50 ms at 100 ms, more than the last lag.

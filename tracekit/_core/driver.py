@@ -71,7 +71,7 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
             now = clock.wall_ns()
             cpu = event_loop.cpu_now(state, now)  # read together: nothing may allocate in between
             if cursor.suspended_at:
-                ledger.resume(cursor, state, inspect, now)
+                ledger.resume(cursor, state, inspect, now, cpu)
             if not state.slice_start:
                 outermost = True
                 event_loop.slice_begin(state, now, cpu, task, loop)

@@ -30,7 +30,11 @@ when a suspended coroutine resumes at ``resumed`` after suspending at ``suspende
    across the timer's deadline only half its time after the deadline counts (one long block:
    the readiness came at an unknown point of it). Never longer than the busy run ending at
    the resumption (clipped to the suspension). Otherwise the loop was idle when the
-   readiness came: loop_wait = 0.
+   readiness came: loop_wait = 0. And when the loop thread was off-CPU for most of the gap
+   (over ``IDLE_GAP_NS``) between the last traced slice and the resumption, the loop was
+   idle (or its thread preempted) there: readiness that came in the gap waited at most for
+   the untraced work the loop ran in it, its CPU in the gap, not for a lag measured before
+   it (a reply that came after another request's block, with the loop idle meanwhile).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ CPU_REUSE_NS: Final = 20_000
 # little untraced work (the server's callbacks, the probe): the readiness came then, when the
 # probe (every 10 ms while traced work runs) would have seen a busy loop.
 GAP_NS: Final = 10_000_000
+# A gap between the last traced slice and a resumption longer than this is read by the loop
+# thread's CPU in it: mostly off-CPU, the loop was idle (see the module docstring).
+IDLE_GAP_NS: Final = 1_000_000
 # The loop probe's period (tracekit._core.loop_view runs it): a measurement from the period
 # before a suspension began still speaks for it.
 PROBE_NS: Final = 10_000_000
@@ -71,7 +78,7 @@ class ThreadState:
     """
 
     __slots__ = ("block_due", "block_end", "busy_cpu", "busy_wall", "cell", "cpu_at", "cpu_last",
-                 "gc", "ident", "lag", "lag_at", "last_end", "loop", "name", "probe_due",
+                 "gc", "ident", "lag", "lag_at", "last_end", "last_end_cpu", "loop", "name", "probe_due",
                  "run_start", "seq", "slice_c0", "slice_start", "task", "top", "view",
                  "watched")  # fmt: skip
 
@@ -101,6 +108,7 @@ class ThreadState:
         self.gc: Any = None  # garbage collections on this thread (tracekit._core.gc_pauses.Pauses)
         self.view: Any = None  # the loop view of the loop this thread runs (tracekit._core.loop_view)
         self.last_end = 0  # wall ns when the last outermost slice on a loop thread ended
+        self.last_end_cpu = -1  # thread CPU ns then (-1: not known)
         self.run_start = 0  # when the busy run it ends began (slices less than GAP_NS apart)
         # When the loop probe's pending timer is due (0: none pending); a resumption after it
         # with the probe not yet run has waited for the loop at least since then.
@@ -173,15 +181,17 @@ def slice_end(state: ThreadState, end: int, cpu: int, on_loop: bool) -> None:
     if cell is not None:
         cell[0] = 0
     if on_loop:
-        record_slice(state, start, end)
+        record_slice(state, start, end, cpu)
         state.busy_cpu += cpu - state.slice_c0
 
 
-def record_slice(state: ThreadState, start: int, end: int) -> None:
-    """Count one outermost slice of a loop thread (``start`` to ``end``, wall ns)."""
+def record_slice(state: ThreadState, start: int, end: int, cpu: int = -1) -> None:
+    """Count one outermost slice of a loop thread (``start`` to ``end``, wall ns; the thread's
+    CPU ns at its end, -1 if not known)."""
     if start - state.last_end > GAP_NS:
         state.run_start = start
     state.last_end = end
+    state.last_end_cpu = cpu
     state.busy_wall += end - start
     due = state.probe_due
     if start < due < end:
@@ -259,8 +269,9 @@ def waits_for_a_task(awaiting: Any) -> bool:
     return False
 
 
-def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaiting: Any) -> int:
-    """Estimated ns the resumed coroutine was ready but the loop was busy (see module doc)."""
+def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaiting: Any, cpu: int = -1) -> int:
+    """Estimated ns the resumed coroutine was ready but the loop was busy (see module doc);
+    ``cpu``: the loop thread's CPU ns at ``resumed`` (-1: not known)."""
     last_end = state.last_end
     if last_end <= suspended:
         return 0
@@ -284,4 +295,11 @@ def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaitin
         if overdue > lag:
             lag = overdue
     run = resumed - max(state.run_start, suspended)
-    return lag if lag < run else run
+    if lag > run:
+        lag = run
+    gap = resumed - last_end
+    if gap > IDLE_GAP_NS and cpu >= 0 and state.last_end_cpu >= 0:
+        gap_cpu = cpu - state.last_end_cpu
+        if gap_cpu >= 0 and 2 * gap_cpu < gap and gap_cpu < lag:
+            return gap_cpu
+    return lag

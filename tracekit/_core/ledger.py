@@ -266,8 +266,9 @@ def switch(state: event_loop.ThreadState, outer: Ledger | None, inner: Ledger | 
     return now
 
 
-def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) -> None:
-    """Account the resumption at ``now`` of ``led``'s coroutine, suspended since ``led.suspended_at``.
+def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, cpu: int = -1) -> None:
+    """Account the resumption at ``now`` (the thread's CPU then: ``cpu``, -1 if not known) of
+    ``led``'s coroutine, suspended since ``led.suspended_at``.
 
     A suspension is one of: ready at once (a bare yield: a checkpoint): all loop wait; on a
     lock, semaphore or queue: queue wait; anything else (I/O, mostly): the loop wait the
@@ -291,7 +292,7 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int) 
         led.checkpoint_wait = 0
         return
     else:
-        waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting)
+        waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
         checkpoint = led.checkpoint_wait
         if checkpoint:
             led.checkpoint_wait = 0
