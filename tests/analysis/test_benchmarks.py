@@ -34,3 +34,17 @@ def test_loop_wait_overlap_reads_the_calls_a_block_overlapped(tmp_path: Path) ->
     overlapped, total = (int(n) for n in counted.split(" of "))
     assert 0 < overlapped <= total
     assert out[1].startswith("  their wall p50 ") and "loop wait booked p50" in out[1]
+
+
+def test_host_others_check_samples_the_kernels_count_and_says_what_a_trace_lacks(tmp_path: Path) -> None:
+    samples = tmp_path / "procs.txt"
+    assert _run("bench/host_others_check.py", "sample", "0.05", str(samples)) == ""
+    lines = samples.read_text().splitlines()
+    assert lines and all(int(t) > 0 and int(n) >= 1 for t, n in (line.split() for line in lines))
+    # The simulated gateway's traces carry no loop windows: one line, a non-zero exit.
+    trace = tmp_path / "t.jsonl"
+    gen_traces().write_jsonl(trace, 50)
+    done = subprocess.run([sys.executable, "bench/host_others_check.py", "compare", str(trace), str(samples)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith("host_others_check: ")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from urllib.parse import urlsplit
 
 from tracekit import semconv
@@ -46,7 +47,7 @@ class _Serial:
     calls: list[StageRecord]
     target: str = ""
 
-    @property
+    @cached_property  # read several times per group; the calls never change
     def units(self) -> list[list[StageRecord]]:
         """The calls as units of independent work: a call, and the same call made again
         (same attributes) after it failed, each retry waiting for the failure before it."""
