@@ -48,6 +48,11 @@ CONSUMER_MS: Final = "tracekit.consumer_ms"
 GC_MS: Final = "tracekit.gc_ms"
 # Suspended on a lock, semaphore, condition or queue: waiting for other tasks of the process.
 QUEUE_WAIT_MS: Final = "tracekit.queue_wait_ms"
+# Request spans: CPU the request's own code, the tasks it spawned and the stages they ran used
+# after its response was complete (background tasks, spend logging): not in its cpu_ms.
+AFTER_RESPONSE_CPU_MS: Final = "tracekit.after_response_cpu_ms"
+# The part of it that ran off the event-loop thread (a sync background task in a thread pool).
+AFTER_RESPONSE_CPU_OFF_LOOP_MS: Final = "tracekit.after_response_cpu_off_loop_ms"
 # Number of resumptions (steps) of the stage's code.
 STEPS: Final = "tracekit.steps"
 # The stage's own slices on the event loop that lasted >= 1 ms, as a flat int array

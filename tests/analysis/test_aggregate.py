@@ -283,3 +283,20 @@ def test_the_route_breakdown_is_the_mean_of_the_requests_breakdowns() -> None:
         # Fixed point: within 2**-32 ms of the float mean.
         mean = sum(p[i] for p in parts) / len(parts)
         assert route["breakdown_ms"][key] == pytest.approx(mean, rel=0, abs=2**-31)
+
+
+def test_work_after_the_response_is_out_of_the_breakdown_and_in_the_loops_usage() -> None:
+    from tracekit.analysis.rules.loop_index import OWN, loop_usage
+
+    log_spend = stage("log_spend", 20, 26, cpu_ms=6.0)  # began once the response was sent
+    req = request("POST /chat", 0, 20, [stage("model", 2, 18, kind="model", cpu_ms=0.0, wait_ms=16.0),
+                                        log_spend], cpu_ms=4.0, model_wait_ms=16.0, io_wait_ms=0.0,
+                  attributes={semconv.AFTER_RESPONSE_CPU_MS: 9.0,
+                              semconv.AFTER_RESPONSE_CPU_OFF_LOOP_MS: 1.0})  # fmt: skip
+    on, off, model, *_ = breakdown(req)  # type: ignore[misc]
+    assert (on, off, model) == (4.0, 0.0, 16.0)  # the request's 20 ms, nothing after it
+    usage = loop_usage(req)
+    # On the loop, its own code held it 4 ms in the span and 2 ms after (9 less 1 off the
+    # loop, less the stage's 6, which are the stage's usage).
+    assert usage[OWN].cpu_ms == pytest.approx(6.0)
+    assert usage["log_spend"].cpu_ms == pytest.approx(6.0)

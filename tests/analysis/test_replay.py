@@ -17,7 +17,7 @@ from tracekit.analysis.replay.build import ProgramBuilder
 from tracekit.analysis.replay.fixes import ModelCall
 from tracekit.analysis.replay.loop_waits import recorded_loop_waits
 from tracekit.analysis.replay.nodes import hold_after_queue
-from tracekit.analysis.replay.sim import CPU, DELAY, HOLD, LOOP, PAR, Simulation
+from tracekit.analysis.replay.sim import AFTER, CPU, DELAY, HOLD, LOOP, PAR, Simulation
 from tracekit.errors import ConfigurationError
 
 ROUTE = "POST /v1/chat/completions"
@@ -91,6 +91,25 @@ def test_the_loop_is_one_server_and_blocking_holds_it_without_cpu() -> None:
     assert ends[0] == pytest.approx(30.0)  # the sleep holds the loop, not the GIL...
     assert ends[2] == pytest.approx(30.0)  # ...so the GIL-bound thread ran meanwhile
     assert ends[1] == pytest.approx(50.0)  # and the CPU slice waited for the loop
+
+
+def test_work_left_after_the_response_holds_the_loop_but_not_the_latency() -> None:
+    # Spend logging after the response: 30 ms on the loop once the request ended at 10 ms.
+    logging = [(LOOP, 5.0, 0.0), (DELAY, 5.0), (AFTER, [(LOOP, 30.0, 0.0)])]
+    later = [(DELAY, 12.0), (LOOP, 5.0, 0.0)]  # arrives while the logging holds the loop
+    assert _ends([logging, later]) == pytest.approx([10.0, 45.0])
+
+
+def test_a_program_runs_the_loop_cpu_used_after_the_response_detached_at_its_end() -> None:
+    log_spend = stage("log_spend", 20, 26, cpu_ms=6.0)  # began once the response was sent
+    req = request(ROUTE, 0, 20, [stage("model", 2, 18, kind="model", cpu_ms=0.0, wait_ms=16.0),
+                                 log_spend], cpu_ms=4.0,  # fmt: skip
+                  attributes={"tracekit.after_response_cpu_ms": 9.0,
+                              "tracekit.after_response_cpu_off_loop_ms": 1.0})  # fmt: skip
+    program = ProgramBuilder(req, BASE_NS).program()
+    assert program[-1] == (AFTER, [(LOOP, 8.0, 0.0)])  # the stage's 6 ms among them
+    # The request's own CPU in its span: 4 ms, the stage after it taking none of it.
+    assert sum(node[1] for node in program[:-1] if node[0] == LOOP) == pytest.approx(4.0)
 
 
 def test_hold_is_fifo_with_capacity_and_par_joins() -> None:

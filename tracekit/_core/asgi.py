@@ -165,8 +165,14 @@ def body(request: Request, message: MutableMapping[str, Any]) -> bool:
 
 
 def body_sent(request: Request) -> None:
-    """The last body message left: the request span ends now."""
-    request.end = clock.wall_ns()
+    """The last body message left: the request span ends now. The step under way is booked
+    up to here: what the request's code does after it (the rest of this step, background
+    tasks) is after the span (:func:`tracekit._core.ledger.answered`)."""
+    try:
+        request.end = clock.wall_ns()
+        ledger.book_open_steps(event_loop.thread_state(), request)
+    except Exception:
+        internal_error("send watch")
 
 
 def _chunk(request: Request) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 from typing import Any, Final
 
-from tracekit._core import clock, event_loop
+from tracekit._core import clock, event_loop, ledger
 from tracekit._core.failsafe import internal_error
 
 GENERATIONS: Final = 3
@@ -82,7 +82,8 @@ def _hook(phase: str, info: dict[str, Any]) -> None:
         if top is not None:  # like a nested step: out of the open step's own CPU
             top.nested_cpu += spent
             top.nested_wall += held
-            top.gc += held
+            if not ledger.answered(top, top.step_t0):
+                top.gc += held
     except Exception:
         internal_error("gc timing")
 

@@ -222,6 +222,13 @@ def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_
     free = held - led.nested_wall
     if own > free:
         own = free
+    if answered(led, led.step_t0):
+        request = led.request
+        assert request is not None
+        request.after_cpu += own
+        if not on_loop:
+            request.after_cpu_off += own
+        own = 0
     if on_loop:
         led.cpu_on += own
         if held > led.max_block:
@@ -230,6 +237,20 @@ def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_
             led.slices = note(led.slices, led.step_t0, held)
     else:
         led.cpu_off += own
+
+
+def answered(led: Ledger, since: int) -> bool:
+    """Whether ``led`` is the request's own code or a task it spawned, and its request's
+    response was complete at ``since`` (a step's start, a suspension): what it does from
+    there is after the request span (work a request leaves behind on the loop: Starlette's
+    background tasks, spend logging, clean-up). Its CPU goes to the request's
+    ``after_cpu``; its waits and GC pauses are no part of the span. A stage's span is its
+    own, whenever it runs."""
+    request = led.request
+    if request is None or not request.end or since < request.end:
+        return False
+    site = led.site
+    return site is REQUEST or site is SPAWNED
 
 
 def book_open_steps(state: event_loop.ThreadState, request: Any) -> None:
@@ -280,7 +301,7 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
     """
     suspended = led.suspended_at
     led.suspended_at = 0
-    if led.active_children:
+    if led.active_children or answered(led, suspended):
         return
     held = now - suspended
     if led.suspended_ready:

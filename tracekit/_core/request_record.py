@@ -60,6 +60,11 @@ class Request:
     error: BaseException | None = None
     cancelled = False
     cutoff = 0  # handed on with ledgers still open (Runtime.linger): when; they end there
+    # CPU (ns) its own code and the tasks it spawned ran after its response was complete
+    # (``end``): background tasks, spend logging, clean-up. Not in the span's figures: the
+    # span ended (tracekit._core.ledger.answered).
+    after_cpu = 0
+    after_cpu_off = 0  # the part of it off the loop thread (a sync background task's, in a pool)
     enrich: Any = None  # an already-active server span we add attributes to
     view: Any = None  # the loop view counting it in flight (tracekit._core.loop_view)
 

@@ -217,11 +217,16 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
     if parts is None:
         parts = ledger_parts(request, end)
     cpu = cpu_on = loop_wait = model_wait = io_wait = max_block = gc = queued = 0
+    after, after_off = request.after_cpu, request.after_cpu_off
     blocked_at = None
     ledgers = request.ledgers
     for i in range(len(parts)):  # the ledgers split (enriching: another task may open one meanwhile)
         led = ledgers[i]
         if led.site is SPAWNED:  # folded into the ledger that spawned it
+            continue
+        if led.start >= end and request.end:  # a stage run after the response: after the span
+            after += cpu_of(led)
+            after_off += led.cpu_off
             continue
         _, _, wait, waited = parts[i]
         gc += led.gc
@@ -252,6 +257,10 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
         attrs[semconv.GC_MS] = gc / MS
     if queued:
         attrs[semconv.QUEUE_WAIT_MS] = queued / MS
+    if after > 0:
+        attrs[semconv.AFTER_RESPONSE_CPU_MS] = after / MS
+        if after_off > 0:
+            attrs[semconv.AFTER_RESPONSE_CPU_OFF_LOOP_MS] = after_off / MS
     attrs[OVERHEAD_MS] = max(0.0, wall - model_wait / MS)
     attrs[MAX_BLOCK_MS] = max_block / MS
     attrs[ON_LOOP] = cpu_on * 2 >= cpu and cpu > 0

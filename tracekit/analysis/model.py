@@ -26,7 +26,7 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from tracekit.semconv import CPU_OFF_LOOP_MS
+from tracekit.semconv import AFTER_RESPONSE_CPU_MS, AFTER_RESPONSE_CPU_OFF_LOOP_MS, CPU_OFF_LOOP_MS
 
 #: Span kinds, normalised from OTLP integers (1..5) and Jaeger's ``span.kind`` tag.
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -210,15 +210,41 @@ def stage_cpu_split(stage: StageRecord) -> tuple[float, float]:
     return cpu - off, off
 
 
-def own_cpu_split(req: RequestRecord, stage_cpu: float, stage_off: float) -> tuple[float, float]:
+def own_cpu_split(req: RequestRecord, stage_cpu: float, stage_off: float,
+                  after: bool = False) -> tuple[float, float]:  # fmt: skip
     """The request's own CPU (outside its stages) as ``(on the loop, off it)`` in ms, given
-    its stages' CPU and the part of it off the loop: the request span's figures are totals."""
+    its stages' CPU and the part of it off the loop: the request span's figures are totals.
+
+    ``after``: with the CPU it used after its response (:func:`after_response_cpu`), and
+    ``stage_cpu``/``stage_off`` are then of all its stages, those run after the response
+    included; else they are of the stages that began before its end.
+    """
     if req.cpu_ms is None:
         return 0.0, 0.0
-    own = max(0.0, req.cpu_ms - stage_cpu)
-    total_off = _duration(req.attributes, CPU_OFF_LOOP_MS)
+    total, total_off = req.cpu_ms, _duration(req.attributes, CPU_OFF_LOOP_MS)
+    if after:
+        after_on, after_off = after_response_cpu(req)
+        total += after_on + after_off
+        total_off = (total_off or 0.0) + after_off
+    own = max(0.0, total - stage_cpu)
     off = min(own, max(0.0, total_off - stage_off)) if total_off is not None else 0.0
     return own - off, off
+
+
+def after_response_cpu(req: RequestRecord) -> tuple[float, float]:
+    """CPU the request's work used after its response was complete (its code, the tasks it
+    spawned, the stages they ran: background tasks, spend logging), as ``(on the loop, off
+    it)`` in ms; not in its ``cpu_ms``: the span ended (``tracekit.after_response_cpu_ms``).
+    """
+    total = _duration(req.attributes, AFTER_RESPONSE_CPU_MS) or 0.0
+    off = min(total, _duration(req.attributes, AFTER_RESPONSE_CPU_OFF_LOOP_MS) or 0.0)
+    return total - off, off
+
+
+def after_response(req: RequestRecord, stage: StageRecord) -> bool:
+    """Whether ``stage`` began once ``req``'s response was complete: its time is no part
+    of the request's (its span is its own)."""
+    return stage.start_ns >= req.end_ns > req.start_ns
 
 
 def model_wait_split(stage: StageRecord) -> tuple[float, float, float, float] | None:

@@ -324,6 +324,7 @@ class _Renderer:
         self._wrap(f"latency ms    {cells}", 2, hang=14)
         self._breakdown(r.get("breakdown_ms") or {})
         self._model_split(r.get("model_wait_split_ms"))
+        self._after_response(r.get("after_response_cpu_ms"))
         self._streaming(r.get("streaming"))
         goodput = r.get("goodput")
         if isinstance(goodput, Mapping):
@@ -361,6 +362,17 @@ class _Renderer:
             2,
             hang=14,
         )
+
+    def _after_response(self, after: Any) -> None:
+        # CPU the requests' work used once their responses were sent (not in the latency).
+        if not isinstance(after, Mapping):
+            return
+        on, off = after.get("cpu_on_loop"), after.get("cpu_off_loop")
+        text = f"after response {fmt_ms(on)} ms CPU per request on the loop"
+        if isinstance(off, (int, float)) and off > 0:
+            text += f", {fmt_ms(off)} off it"
+        self._wrap(text + " (background tasks, spend logging: not in the latency, holds the loop)",
+                   2, hang=14)  # fmt: skip
 
     def _streaming(self, s: Any) -> None:
         if not isinstance(s, Mapping):

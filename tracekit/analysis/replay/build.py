@@ -35,7 +35,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.analysis.model import RequestRecord, StageRecord, stage_cpu_split
+from tracekit.analysis.model import (
+    RequestRecord,
+    StageRecord,
+    after_response,
+    after_response_cpu,
+    stage_cpu_split,
+)
 from tracekit.analysis.replay.fixes import (
     THREADS,
     Blocks,
@@ -63,7 +69,7 @@ from tracekit.analysis.replay.nodes import (
     resumptions,
     shrink_largest_delay,
 )
-from tracekit.analysis.replay.sim import DELAY, HOLD, LOOP, PAR, Node
+from tracekit.analysis.replay.sim import AFTER, DELAY, HOLD, LOOP, PAR, Node
 from tracekit.analysis.stats.intervals import Interval, StageTree, has_components, merge, overlap, subtract
 
 
@@ -108,9 +114,10 @@ class ProgramBuilder:
         )
 
     def program(self) -> list[Node]:
-        """The request's program."""
+        """The request's program; the loop CPU its work used after its response, run on
+        detached at its end (it holds the loop for the requests after it)."""
         req = self.req
-        stage_cpu = sum(s.cpu_ms or 0.0 for s in req.stages)
+        stage_cpu = sum(s.cpu_ms or 0.0 for s in req.stages if not after_response(req, s))
         own_cpu = max(0.0, (req.cpu_ms or 0.0) - stage_cpu)
         own = self.tree.own_slices(None, req)
         items = self._node(None, req.start_ns, req.end_ns, own_cpu, own, req.loop_waits, None)
@@ -118,6 +125,11 @@ class ProgramBuilder:
             # The server span starts inside the request's first step: the program starts
             # with that step (its wait for the loop is not part of the recorded latency).
             items = [(LOOP, 0.0, 0.0), *items]
+        after_on = after_response_cpu(req)[0]
+        if after_on > 0:
+            targeted = targets(self.fix, None)
+            self.applied = self.applied or targeted
+            items = [*items, (AFTER, [loop_node(self.fix, after_on, 0.0, targeted)])]
         return items
 
 

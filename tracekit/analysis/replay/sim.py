@@ -16,6 +16,8 @@ A request is a *program*: a list of nodes, run in order by a cursor.
                           taken, or when ``items`` end if sooner: a server busy for its own
                           service time, whatever its caller does meanwhile.
 ``(PAR, branches)``       run each branch (a list of nodes) concurrently; continue when all end.
+``(AFTER, items)``        run ``items`` on, detached: work a request leaves on the loop after its
+                          response (background tasks, spend logging); its end is not waited for.
 ========================  =================================================================
 
 CPU sharing (processor sharing, recomputed at every event): every running CPU burst wants one
@@ -61,6 +63,7 @@ DELAY = 1
 CPU = 2
 HOLD = 3
 PAR = 4
+AFTER = 5
 
 Node = tuple[Any, ...]
 _EPS = 1e-9
@@ -126,6 +129,9 @@ class _Join:
     def __init__(self, count: int, cursor: _Cursor) -> None:
         self.count = count
         self.cursor = cursor
+
+
+_DETACHED = _Join(0, None)  # type: ignore[arg-type]  # the parent of an AFTER node's cursor
 
 
 class _Resource:
@@ -414,6 +420,9 @@ class Simulation:
                     continue
                 res.queue.append(child)
                 return
+            if tag == AFTER:
+                self._at(self.now, self._step, _Cursor(node[1], _DETACHED, None, cursor.req))
+                continue
             # PAR
             branches = node[1]
             join = _Join(len(branches), cursor)
@@ -445,6 +454,8 @@ class Simulation:
             self._ends[cursor.req] = self.now
             if self._on_end is not None:
                 self._on_end(cursor.req, self.now)
+        elif parent is _DETACHED:
+            return
         elif isinstance(parent, _Join):
             parent.count -= 1
             if parent.count == 0:

@@ -102,7 +102,8 @@ def _usage(
         usage = out.get(OWN)
         if usage is None:
             usage = out[OWN] = Usage()
-        _add(usage, own_cpu_split(req, stage_cpu, stage_off)[0], own, None, req.blocked_at)
+        # With what it ran after its response: that held the loop all the same.
+        _add(usage, own_cpu_split(req, stage_cpu, stage_off, after=True)[0], own, None, req.blocked_at)
         usage.gc_ms += max(0.0, gc_ms(req.attributes) - stage_gc)
     return out
 

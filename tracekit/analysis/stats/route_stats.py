@@ -16,6 +16,8 @@ from tracekit import semconv
 from tracekit.analysis.model import (
     RequestRecord,
     StageRecord,
+    after_response,
+    after_response_cpu,
     model_wait_split,
     own_cpu_split,
     stage_cpu_split,
@@ -58,6 +60,8 @@ def _breakdown(
     # rows: _STAGE_ROW of each of req.stages, in order (RouteStats.add has them already).
     on = off = stage_cpu = model = io = loop = 0.0
     for stage, row in zip(req.stages, rows, strict=True):
+        if after_response(req, stage):  # its time is no part of the request's wall time
+            continue
         cpu = row[1]
         if cpu is not None:
             stage_cpu += cpu
@@ -306,6 +310,9 @@ class RouteStats:
     #: (fixed point, in SPLIT_KEYS order).
     split_requests: int = 0
     split_sums: list[int] = field(default_factory=lambda: [0] * len(SPLIT_KEYS))
+    #: CPU its requests' work used after their responses, on the loop and off it (fixed
+    #: point; model.after_response_cpu): not in the breakdown, which adds up to the latency.
+    after_sums: list[int] = field(default_factory=lambda: [0, 0])
 
     def add(self, req: RequestRecord, slo: SLO | None) -> None:
         """Record one request of this route. Cost: O(stages), a few operations each."""
@@ -332,6 +339,10 @@ class RouteStats:
             sums = self.sums
             for i, value in enumerate(_breakdown(req, own_rows)):
                 sums[i] += _fixed(value)
+            after_on, after_off = after_response_cpu(req)
+            if after_on or after_off:
+                on, off = self.after_sums
+                self.after_sums = [on + _fixed(after_on), off + _fixed(after_off)]
         split = request_model_split(req)
         if split is not None:
             self.split_requests += 1
@@ -400,6 +411,7 @@ class RouteStats:
         self.good += other.good
         self.split_requests += other.split_requests
         self.split_sums = [a + b for a, b in zip(self.split_sums, other.split_sums, strict=True)]
+        self.after_sums = [a + b for a, b in zip(self.after_sums, other.after_sums, strict=True)]
         for name, stats in other.stages.items():
             if name not in self.stages and len(self.stages) >= self.max_stages:
                 name = OTHER_STAGES
@@ -460,4 +472,8 @@ class RouteStats:
             }
             split["requests"] = self.split_requests
             out["model_wait_split_ms"] = split
+        if any(self.after_sums) and self.instrumented:
+            # Only where requests left work behind: reports without any keep their keys.
+            on, off = (total / _FIXED / self.instrumented for total in self.after_sums)
+            out["after_response_cpu_ms"] = {"cpu_on_loop": on, "cpu_off_loop": off}
         return out
