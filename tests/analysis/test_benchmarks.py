@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,13 @@ def test_host_others_check_samples_the_kernels_count_and_says_what_a_trace_lacks
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1].startswith("host_others_check: ")
+
+
+def test_after_response_reports_the_spans_the_route_and_the_replays_error(tmp_path: Path) -> None:
+    out = tmp_path / "after.json"
+    _run("bench/after_response.py", "--runs", "1", "--requests", "60", "--clients", "2",
+         "--json", str(out))  # fmt: skip
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["requests"] == 60 and run["cpu_over_wall"] == 0
+    assert run["after_response_cpu_ms"]["cpu_on_loop"] > 1.0  # 4 units, about 3 ms
+    assert abs(run["replay_p50_error"]) < 0.15  # the as-recorded replay validated (tolerance)

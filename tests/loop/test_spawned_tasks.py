@@ -318,3 +318,7 @@ def test_work_a_request_leaves_on_the_loop_after_its_response_is_after_its_span(
     assert after["cpu_off_loop"] >= 0.8 * sum(burnt["background"]) / requests * 1000, (after, burnt)
     assert sum(route["breakdown_ms"].values()) <= route["latency_ms"]["max"] * 1.01 + 0.05
     assert "after response" in render_text(report, width=100)
+    # The route's share of the loop counts it: it held the loop.
+    (loop_route,) = [r for r in report["loop"]["routes"] if r["route"] == "GET /chat"]
+    on_loop = sum(sum(burnt[k]) for k in ("handler", "after", "stage")) * 1000
+    assert loop_route["cpu_on_loop_ms"] >= 0.8 * on_loop, (loop_route, burnt)

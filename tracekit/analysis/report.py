@@ -217,8 +217,9 @@ def _route_loop_cpu(
     agg: Aggregator, route_dicts: list[dict[str, Any]], sample: list[RequestRecord]
 ) -> list[tuple[str, str, float]]:
     # (route, service, total on-loop request CPU in ms) of each instrumented route: the mean
-    # breakdown times the instrumented requests; the service is the one most of the route's
-    # sampled requests ran in (routes are not kept per service).
+    # breakdown, with what its requests ran after their responses, times the instrumented
+    # requests; the service is the one most of the route's sampled requests ran in (routes
+    # are not kept per service).
     if not agg.loops.loops:
         return []
     services: dict[str, dict[str, int]] = {}
@@ -232,6 +233,7 @@ def _route_loop_cpu(
         if cpu is None or not seen or not stats.instrumented:
             continue
         service = max(sorted(seen), key=lambda s: seen[s])
+        cpu += (route.get("after_response_cpu_ms") or {}).get("cpu_on_loop", 0.0)
         out.append((stats.route, service, cpu * stats.instrumented))
     return out
 

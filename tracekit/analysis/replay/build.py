@@ -127,10 +127,29 @@ class ProgramBuilder:
             items = [(LOOP, 0.0, 0.0), *items]
         after_on = after_response_cpu(req)[0]
         if after_on > 0:
-            targeted = targets(self.fix, None)
-            self.applied = self.applied or targeted
-            items = [*items, (AFTER, [loop_node(self.fix, after_on, 0.0, targeted)])]
+            items = [*items, (AFTER, self._after(after_on))]
         return items
+
+    def _after(self, cpu_ms: float) -> list[Node]:
+        """The loop CPU the request's work used after its response, where the recording
+        puts it: its own slices (of 1 ms or more) that began after its end, each at its time
+        from the end (what waited before it, a timer, I/O, the loop, as a delay) with its
+        share of the CPU; the rest of it right at the end (the clean-up after the last send)."""
+        req = self.req
+        targeted = targets(self.fix, None)
+        self.applied = self.applied or targeted
+        later = sorted(s for s in req.loop_slices if s[0] >= req.end_ns)
+        held = sum(b - a for a, b in later) / MS
+        rest = max(0.0, cpu_ms - held)
+        scale = min(1.0, cpu_ms / held) if held > 0 else 0.0
+        nodes: list[Node] = [loop_node(self.fix, rest, 0.0, targeted)] if rest > 0 else []
+        at = req.end_ns
+        for a, b in later:
+            if a > at:
+                nodes.append((DELAY, (a - at) / MS))
+            nodes.append(loop_node(self.fix, (b - a) / MS * scale, 0.0, targeted))
+            at = max(at, b)
+        return nodes
 
 
     # --- nodes ----------------------------------------------------------------------------
