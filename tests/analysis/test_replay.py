@@ -111,10 +111,11 @@ def test_a_program_runs_the_loop_cpu_used_after_the_response_detached_at_its_end
     # The request's own CPU in its span: 4 ms, the stage after it taking none of it.
     assert sum(node[1] for node in program[:-1] if node[0] == LOOP) == pytest.approx(4.0)
     # Where the recording has its slices after the end (spend logging 3 ms after the
-    # response, for 4 ms), the tail runs there, the rest of its CPU at the end.
-    req.loop_slices = [(ns(23), ns(27))]
+    # response, for 4 ms, then 2 ms), the tail runs there, its CPU shared in proportion.
+    req.loop_slices = [(ns(23), ns(27)), (ns(30), ns(32))]
     assert ProgramBuilder(req, BASE_NS).program()[-1] == (
-        AFTER, [(LOOP, 4.0, 0.0), (DELAY, pytest.approx(3.0)), (LOOP, 4.0, 0.0)])  # fmt: skip
+        AFTER, [(DELAY, pytest.approx(3.0)), (LOOP, pytest.approx(8 * 4 / 6), 0.0),
+                (DELAY, pytest.approx(3.0)), (LOOP, pytest.approx(8 * 2 / 6), 0.0)])  # fmt: skip
 
 
 def test_hold_is_fifo_with_capacity_and_par_joins() -> None:

@@ -322,3 +322,56 @@ def test_work_a_request_leaves_on_the_loop_after_its_response_is_after_its_span(
     (loop_route,) = [r for r in report["loop"]["routes"] if r["route"] == "GET /chat"]
     on_loop = sum(sum(burnt[k]) for k in ("handler", "after", "stage")) * 1000
     assert loop_route["cpu_on_loop_ms"] >= 0.8 * on_loop, (loop_route, burnt)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_task_that_outlives_its_requests_linger_is_background_work(
+        loop_kind: str, serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # A cache refresher the first request starts lazily, to run for ever: its work until the
+    # request is handed on (LINGER_S after the app returned) is the request's; from then
+    # on it is the loop's background, not the request's (which would carry it for ever).
+    fastapi = pytest.importorskip("fastapi")
+    import httpx
+
+    from tracekit._export import tracing
+
+    monkeypatch.setattr(tracing, "LINGER_S", 0.2)
+    burnt: list[tuple[float, float]] = []  # (when, CPU) of each refresh
+    stop = asyncio.Event()
+    keep: set[asyncio.Task[None]] = set()
+
+    async def refresher() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            started = time.thread_time()
+            spin(1)
+            burnt.append((time.monotonic(), time.thread_time() - started))
+
+    app = fastapi.FastAPI(telemetry={"tracing": False})
+    app.add_middleware(tracekit.TracekitMiddleware)
+
+    @app.get("/chat")
+    async def chat() -> dict[str, bool]:
+        if not keep:
+            keep.add(asyncio.create_task(refresher()))
+        return {"ok": True}
+
+    server = serve(app, loop=loop_kind)
+    with tracekit.record() as rec:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            assert client.get("/chat").status_code == 200
+            answered = time.monotonic()
+            time.sleep(1.5)
+        (task,) = keep
+        task.get_loop().call_soon_threadsafe(stop.set)
+        time.sleep(0.1)
+        spans = rec.spans
+    (request,) = [s.attributes for s in spans if s.kind.name == "SERVER"]
+    late = sum(cpu for when, cpu in burnt if when > answered + 0.5) * 1000
+    early = sum(cpu for when, cpu in burnt if when < answered + 0.5) * 1000
+    assert late > 30, burnt  # the refresher ran on: ~0.8 ms in every 11
+    # The request carries the refresher's first 0.2 s at most, never what ran after.
+    assert request.get(sc.AFTER_RESPONSE_CPU_MS, 0.0) <= early + 1.0, (request, early)
+    windows = [s.attributes for s in spans if s.name == sc.LOOP_SPAN]
+    background = sum(w[sc.LOOP_BACKGROUND_CPU_MS] for w in windows)
+    assert background >= 0.8 * late, (background, late)

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from tracekit._core import clock, event_loop, ledger, loop_view
 from tracekit._core.failsafe import internal_error
-from tracekit._core.ledger import Ledger
+from tracekit._core.ledger import SPAWNED, Ledger
 
 _get_running_loop: Final = asyncio._get_running_loop
 _current_task: Final = asyncio.current_task
@@ -65,7 +65,11 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     cursor = led  # the ledger whose code runs when coro resumes (led, or a stage inside it)
     value: Any = None
     error: BaseException | None = None
+    spawned_by = led.request if led.site is SPAWNED else None
     while True:
+        if spawned_by is not None and spawned_by.pending < 0:
+            # A task of a request already handed on (its linger ended): background from here.
+            return (yield from _untraced(coro, value, error))
         outermost = False
         try:
             now = clock.wall_ns()
@@ -92,6 +96,24 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
             coro.close()
             raise
         except BaseException as exc:  # CancelledError and anything else thrown in by the Task
+            value, error = None, exc
+
+
+def _untraced(coro: Any, value: Any, error: BaseException | None) -> Generator[Any, Any, Any]:
+    """Run the rest of ``coro`` as its Task would, untimed, from the pending ``value`` or
+    ``error``."""
+    send, throw = coro.send, coro.throw
+    while True:
+        try:
+            yielded = send(value) if error is None else throw(error)
+        except StopIteration as exc:
+            return exc.value
+        try:
+            value, error = (yield yielded), None
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
             value, error = None, exc
 
 

@@ -43,10 +43,13 @@ LOOP_WINDOW_S = 1.0
 MAX_QUEUE = 8192
 WAKE_AT = 1024
 HELP_COUNT = 2
-# A request that ended while stages it spawned were still open waits for them at most this
-# long, then is handed on as it stands: those stages end there, marked unfinished (an async
-# generator abandoned unclosed never ends; a background task may run for ever).
-LINGER_S = 10.0
+# A request that ended while stages or tasks it spawned were still open waits for them at
+# most this long, then is handed on as it stands: those stages end there, marked unfinished
+# (an async generator abandoned unclosed never ends; a background task may run for ever),
+# and the tasks run on as the loop's background work. Spend logging and callbacks after the
+# response take milliseconds; a task a request starts to run for ever (a cache refresher
+# started lazily) is background after this long: its work until then is the request's.
+LINGER_S = 1.0
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 

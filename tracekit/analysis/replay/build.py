@@ -134,20 +134,25 @@ class ProgramBuilder:
         """The loop CPU the request's work used after its response, where the recording
         puts it: its own slices (of 1 ms or more) that began after its end, each at its time
         from the end (what waited before it, a timer, I/O, the loop, as a delay) with its
-        share of the CPU; the rest of it right at the end (the clean-up after the last send)."""
+        share of the CPU (the CPU of its shorter slices spread over them in proportion; a
+        slice longer than its share held the loop without CPU for the rest); without such
+        slices, all of it right at the end (the clean-up after the last send)."""
         req = self.req
         targeted = targets(self.fix, None)
         self.applied = self.applied or targeted
         later = sorted(s for s in req.loop_slices if s[0] >= req.end_ns)
         held = sum(b - a for a, b in later) / MS
-        rest = max(0.0, cpu_ms - held)
-        scale = min(1.0, cpu_ms / held) if held > 0 else 0.0
-        nodes: list[Node] = [loop_node(self.fix, rest, 0.0, targeted)] if rest > 0 else []
+        if held <= 0:
+            return [loop_node(self.fix, cpu_ms, 0.0, targeted)]
+        scale = cpu_ms / held
+        nodes: list[Node] = []
         at = req.end_ns
         for a, b in later:
             if a > at:
                 nodes.append((DELAY, (a - at) / MS))
-            nodes.append(loop_node(self.fix, (b - a) / MS * scale, 0.0, targeted))
+            wall = (b - a) / MS
+            # A slice longer than its CPU share held the loop without CPU for the rest.
+            nodes.append(loop_node(self.fix, wall * scale, max(0.0, wall - wall * scale), targeted))
             at = max(at, b)
         return nodes
 
