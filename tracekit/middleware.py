@@ -66,6 +66,7 @@ class TracekitMiddleware:
             # The server stops: export first (bounded: _export.shutdown); inside, the inner one does.
             if scope["type"] == "lifespan" and not self._inside:
                 send = shutdown.lifespan_send(send)
+                asgi.watch_loop()  # the tasks the application starts now are named background
             await self.app(scope, receive, send)
             return
         runtime = self._runtime  # set only when given its own tracer_provider

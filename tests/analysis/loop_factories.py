@@ -38,6 +38,7 @@ def loop_span(
     inflight: int = 0,
     tasks: int | None = None,
     runqueue: float | None = None,
+    background_tasks: dict[str, float] | None = None,
 ) -> Span:
     """One window: CPU split in ms; the total and the busy ratio follow from it."""
     cpu = requests + gc_cpu + tracekit_cpu + background
@@ -64,6 +65,9 @@ def loop_span(
         attrs[semconv.LOOP_TASKS] = tasks
     if runqueue is not None:
         attrs[semconv.LOOP_RUNQUEUE_MS] = runqueue
+    if background_tasks is not None:
+        attrs[semconv.LOOP_BACKGROUND_TASKS] = list(background_tasks)
+        attrs[semconv.LOOP_BACKGROUND_TASKS_CPU_MS] = list(background_tasks.values())
     n = next(_ids)
     return Span(f"{n:032x}", f"{n:016x}", None, semconv.LOOP_SPAN, "internal", at(start_ms),
                 at(start_ms + wall_ms), service, attrs)  # fmt: skip

@@ -29,6 +29,7 @@ from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.rules.loop_load import utilisation_factor
 from tracekit.analysis.rules.loop_saturated import TARGET_BUSY
 from tracekit.analysis.stats.loop_windows import LoopWindows
+from tracekit.render.text import render_text
 
 ROUTE = "POST /v1/chat"
 
@@ -366,6 +367,35 @@ def test_background_on_loop_fires_when_untraced_work_is_heavy() -> None:
     after = [r.wall_ms - (r.loop_wait_ms or 0.0) * (1 - factor) for r in reqs]
     assert f.projection is not None and f.projection["p50_ms"][1] == pytest.approx(percentile(after, 0.5))
     assert "loop-saturated" not in [x.rule for x in report.findings]
+
+
+def test_background_on_loop_names_the_tasks_that_took_the_most_of_it() -> None:
+    tasks = {"app.cache.refresh": 210.0, "app.metrics.flush": 60.0, "app.tiny": 5.0}
+    spans = [*_windows(4, requests=200.0, background=350.0, tracekit_cpu=5.0, probes=100,
+                       lag=(2.0, 9.0, 20.0), tasks=230, background_tasks=tasks),
+             *_traffic(4, 50, [("tokenize", 2.0, 0.0)], loop_wait=4.0)]  # fmt: skip
+    report = analyze_spans(spans)
+    (f,) = [f for f in report.findings if f.rule == "background-on-loop"]
+    # Named when they took a tenth of the background or more, most first.
+    assert ("background tasks (sampled, one step in 16): app.cache.refresh 210 ms per second, "
+            "app.metrics.flush 60 ms per second") in f.evidence  # fmt: skip
+    assert "app.tiny" not in f.evidence
+    assert f.fix_title.startswith("Move app.cache.refresh's work off the loop")
+    assert "#   task app.metrics.flush: about 60 ms a second (sampled)" in f.fix_code
+    (loop,) = report.to_dict()["loop"]["loops"]
+    assert loop["background_tasks"][0] == {"task": "app.cache.refresh", "cpu_ms": 840.0}
+    text = render_text(report.to_dict(), width=100)
+    assert "tasks of no request (sampled): app.cache.refresh 840 ms" in text
+
+
+def test_background_task_names_are_read_forgivingly() -> None:
+    from tracekit.analysis.stats.loop_windows import window_of
+
+    span = loop_span(0, background=10.0)
+    span.attributes[semconv.LOOP_BACKGROUND_TASKS] = '["a.b", 7, "c.d", "e"]'  # Jaeger's JSON text
+    span.attributes[semconv.LOOP_BACKGROUND_TASKS_CPU_MS] = [1.5, 2.0, "x"]
+    window = window_of(span)
+    assert window is not None and window.background_tasks == (("a.b", 1.5),)
 
 
 def test_the_servers_own_background_is_not_a_finding() -> None:

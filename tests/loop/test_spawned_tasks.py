@@ -375,3 +375,55 @@ def test_a_task_that_outlives_its_requests_linger_is_background_work(
     windows = [s.attributes for s in spans if s.name == sc.LOOP_SPAN]
     background = sum(w[sc.LOOP_BACKGROUND_CPU_MS] for w in windows)
     assert background >= 0.8 * late, (background, late)
+    named = {n for w in windows for n in w.get(sc.LOOP_BACKGROUND_TASKS, ())}
+    assert any(n.endswith("refresher") for n in named), named  # and named as such
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_applications_background_tasks_are_named_with_their_cpu(loop_kind: str, serve: Any) -> None:
+    # A task the application starts in its lifespan (no request's): the loop windows name its
+    # coroutine with its CPU, sampled one step in 16, against the task's own thread clock.
+    fastapi = pytest.importorskip("fastapi")
+    import contextlib
+
+    import httpx
+
+    burnt: list[float] = []
+    stop = asyncio.Event()
+
+    async def flush_metrics() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.002)
+            started = time.thread_time()
+            spin(1)
+            burnt.append(time.thread_time() - started)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> Any:
+        task = asyncio.create_task(flush_metrics())
+        yield
+        stop.set()
+        await task
+
+    app = fastapi.FastAPI(telemetry={"tracing": False}, lifespan=lifespan)
+    app.add_middleware(tracekit.TracekitMiddleware)
+
+    @app.get("/chat")
+    async def chat() -> dict[str, bool]:
+        return {"ok": True}
+
+    server = serve(app, loop=loop_kind, lifespan="on")
+    with tracekit.record() as rec:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:  # traced requests keep the loop view's windows
+                assert client.get("/chat").status_code == 200
+                time.sleep(0.02)
+            first = len(burnt)
+        spans = rec.spans
+    windows = [s for s in spans if s.name == sc.LOOP_SPAN]
+    named = [(n, ms) for w in windows for n, ms in zip(w.attributes.get(sc.LOOP_BACKGROUND_TASKS, ()),
+             w.attributes.get(sc.LOOP_BACKGROUND_TASKS_CPU_MS, ()), strict=True)]  # fmt: skip
+    mine = sum(ms for n, ms in named if n.endswith("flush_metrics"))
+    true = sum(burnt[:first]) * 1000  # its CPU while recording (1.00 and 0.99 of it here)
+    assert 0.7 * true <= mine <= 1.3 * true, (mine, true, named)

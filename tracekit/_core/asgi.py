@@ -98,6 +98,19 @@ def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
         return None
 
 
+def watch_loop() -> None:
+    """The server starts (the lifespan scope): tracekit's task factory from now on, so that
+    the tasks the application starts in its lifespan are the loop's named background work
+    (:mod:`tracekit._core.spawned`; timed once the loop's view exists, from the first traced
+    request), not tasks made before tracekit saw the loop."""
+    try:
+        loop = _get_running_loop()
+        if loop is not None:
+            spawned.install(loop)
+    except Exception:
+        internal_error("lifespan")
+
+
 def failed(request: Request, error: BaseException) -> None:
     """The application raised ``error`` (or was cancelled): it goes on the request span,
     unless the client had gone (a send failing, then the app failing because of it)."""

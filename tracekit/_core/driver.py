@@ -42,6 +42,17 @@ class Stepped:
         return drive(self.coro, self.ledger, self.awaiting)
 
 
+class Detached:
+    """What :func:`drive` returns when it stops driving a spawned task whose request was
+    handed on: the value or error to resume its coroutine with."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any, error: BaseException | None) -> None:
+        self.value = value
+        self.error = error
+
+
 def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, Any]:
     """Drive ``coro`` step by step, accounting each step to ``led`` (see module doc).
 
@@ -68,8 +79,9 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
     spawned_by = led.request if led.site is SPAWNED else None
     while True:
         if spawned_by is not None and spawned_by.pending < 0:
-            # A task of a request already handed on (its linger ended): background from here.
-            return (yield from _untraced(coro, value, error))
+            # A task of a request already handed on (its linger ended): background from here
+            # (tracekit._core.spawned runs the rest).
+            return Detached(value, error)
         outermost = False
         try:
             now = clock.wall_ns()
@@ -96,24 +108,6 @@ def drive(coro: Any, led: Ledger, awaiting: Any = None) -> Generator[Any, Any, A
             coro.close()
             raise
         except BaseException as exc:  # CancelledError and anything else thrown in by the Task
-            value, error = None, exc
-
-
-def _untraced(coro: Any, value: Any, error: BaseException | None) -> Generator[Any, Any, Any]:
-    """Run the rest of ``coro`` as its Task would, untimed, from the pending ``value`` or
-    ``error``."""
-    send, throw = coro.send, coro.throw
-    while True:
-        try:
-            yielded = send(value) if error is None else throw(error)
-        except StopIteration as exc:
-            return exc.value
-        try:
-            value, error = (yield yielded), None
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
             value, error = None, exc
 
 

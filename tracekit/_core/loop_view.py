@@ -23,7 +23,9 @@ into its percentiles. Two callbacks per probe, a few µs each: ~0.05% of the loo
   clock on one slice in 64 and scaled (the bookkeeping before a step is inside the step's
   CPU, a fraction of a µs; span building runs on a thread of its own);
 - ``background``: the rest: the server's own code (HTTP parsing, writes), tasks and callbacks
-  of no request, the loop's own dispatch.
+  of no request, the loop's own dispatch. Of it, the tasks of no request are named: one step
+  in ``spawned.BACKGROUND_SAMPLE`` of each loop's is timed (:mod:`tracekit._core.spawned`),
+  and a window gives the ``MAX_TASKS_SHOWN`` coroutines that took the most CPU.
 
 plus the busy share (thread CPU / window wall time), GC pauses by generation, the longest
 pause, the requests in flight and the tasks alive, and the time the loop thread was ready to
@@ -48,6 +50,9 @@ PROBE_S: Final = PROBE_NS / 1e9
 # tracekit's own CPU after a traced step is read on one outermost slice in SAMPLE_MASK + 1.
 SAMPLE_MASK: Final = 63
 MAX_LAGS: Final = 1024  # probe measurements kept per window (a probe every 10 ms: 100 a second)
+# Background task names counted per window (new names past it are not), and exported.
+MAX_BACKGROUND_NAMES: Final = 64
+MAX_TASKS_SHOWN: Final = 8
 
 
 def _runqueue_ns(path: str) -> int:
@@ -81,6 +86,9 @@ class LoopView:
         self.inflight = 0  # traced requests running on this loop now (written on the loop thread)
         self.factory = False  # tracekit's task factory is installed (tracekit._core.asgi)
         self.tracekit_ns = 0  # tracekit's bookkeeping after traced steps, sampled (tracekit._core.driver)
+        # Background tasks' CPU this window by coroutine name, ns, sampled (tracekit._core.spawned).
+        self.background: dict[str, int] = {}
+        self.background_seq = 0
         self.probing = False
         self._busy_at_schedule = 0
         self.deadline = 0
@@ -153,6 +161,12 @@ class LoopView:
             self.probing = False
             internal_error("loop probe")
 
+    def background_step(self, name: str, cpu: int) -> None:
+        """A background task's sampled step took ``cpu`` ns (scaled) outside traced work."""
+        background = self.background
+        if name in background or len(background) < MAX_BACKGROUND_NAMES:
+            background[name] = background.get(name, 0) + cpu
+
     # --- the window (span-building thread) --------------------------------------------------
     def _read_cpu(self) -> int:
         if self.cpu_clock is None:
@@ -175,6 +189,7 @@ class LoopView:
         tracekit = self.tracekit_ns
         gc_now = _gc_snapshot(state.gc)
         lags, self.lags = self.lags, []
+        tasks_cpu, self.background = self.background, {}
         tasks, self.tasks = self.tasks, -1
         runqueue_now = _runqueue_ns(self.schedstat)
         runqueue = -1
@@ -205,7 +220,12 @@ class LoopView:
             "gc_longest_cpu": longest_cpu, "gc_longest_gen": longest_gen,
             "lags": lags, "inflight": self.inflight, "tasks": tasks, "runqueue": runqueue,
             "thread": self.thread_name,
+            "background_tasks": sorted(tasks_cpu.items(), key=_most_cpu)[:MAX_TASKS_SHOWN],
         }  # fmt: skip
+
+
+def _most_cpu(item: tuple[str, int]) -> int:
+    return -item[1]
 
 
 def _gc_snapshot(pauses: Pauses | None) -> list[int]:

@@ -12,9 +12,17 @@ are in the loop's busy timeline the loop-wait estimate reads.
 That ledger makes no span. When the task ends, its figures are folded into the ledger that
 was current when it was created (:func:`fold`), or into the nearest enclosing one still open:
 the task's work is the stage's (or the request's) own work. Stages opened inside the task
-are children of that ledger already (the context says so). Tasks created outside any
-request (the server's own, the application's background tasks) are left as they are: the
-loop view counts their CPU as background (:mod:`tracekit._core.loop_view`).
+are children of that ledger already (the context says so).
+
+Tasks created outside any request (the server's own, the application's background tasks) are
+the loop's background work (:mod:`tracekit._core.loop_view`). Those another task creates (the
+application's: in its lifespan, in a request handler of no traced request, a request's task
+still running once the request was handed on) run through a light wrapper that times one
+step in ``BACKGROUND_SAMPLE`` (:func:`_background`): the CPU of that step outside traced
+slices and garbage collection, scaled, goes to the loop view under the coroutine's name, so a
+report can say which background task holds the loop. Tasks made in a callback (a server's
+task per request, made as its protocol parses a request) are left as they are: wrapping
+them cost 6 µs a request under uvicorn (bench/throughput.py).
 
 A factory the application set before tracekit's is kept and called with the wrapped
 coroutine; one set after replaces tracekit's (spawned tasks are then seen as background).
@@ -27,13 +35,15 @@ import collections.abc
 from collections.abc import Generator
 from typing import Any, Final
 
-from tracekit._core import ledger
+from tracekit._core import clock, event_loop, ledger
 from tracekit._core.current import current_ledger, get_ledger
-from tracekit._core.driver import drive
+from tracekit._core.driver import Detached, drive
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import SPAWNED, Ledger
 
 MAX_CATCHES: Final = 4  # watchdog catches kept per ledger (tracekit._core.watchdog.MAX_CATCHES)
+# One step of a background task in this many is timed (two CPU-clock reads), on each loop.
+BACKGROUND_SAMPLE: Final = 16
 
 
 class SpawnedCoroutine:
@@ -47,22 +57,24 @@ class SpawnedCoroutine:
 
     __slots__ = ("coro", "led", "runner")
 
-    def __init__(self, coro: Any, led: Ledger) -> None:
+    def __init__(self, coro: Any, led: Ledger | None) -> None:
         self.coro = coro
-        self.led = led
+        self.led = led  # None: a task of no request (background, sampled: _background)
         self.runner: Generator[Any, Any, Any] | None = None
 
     def send(self, value: Any) -> Any:
         runner = self.runner
         if runner is None:
-            runner = self.runner = _run(self.coro, self.led)
+            led = self.led
+            runner = self.runner = _background(self.coro) if led is None else _run(self.coro, led)
         return runner.send(value)
 
     def throw(self, *args: Any) -> Any:
         runner = self.runner
         if runner is None:  # not started: the coroutine itself takes it, as without tracekit
             self.runner = _NOT_RUN
-            finish(self.led)
+            if self.led is not None:
+                finish(self.led)
             return self.coro.throw(*args)
         return runner.throw(*args)
 
@@ -70,7 +82,8 @@ class SpawnedCoroutine:
         runner = self.runner
         if runner is None:
             self.runner = _NOT_RUN
-            finish(self.led)
+            if self.led is not None:
+                finish(self.led)
             self.coro.close()
         else:
             runner.close()
@@ -100,11 +113,80 @@ collections.abc.Coroutine.register(SpawnedCoroutine)
 
 
 def _run(coro: Any, led: Ledger) -> Generator[Any, Any, Any]:
-    """Drive ``coro`` with its ledger, closed and folded when it ends."""
+    """Drive ``coro`` with its ledger, closed and folded when it ends, or when its request
+    is handed on while it runs (it is then background work: :func:`_background`)."""
     try:
-        return (yield from drive(coro, led))
+        result = yield from drive(coro, led)
     finally:
         finish(led)
+    if type(result) is Detached:
+        return (yield from _background(coro, result.value, result.error))
+    return result
+
+
+def _background(coro: Any, value: Any = None,
+                error: BaseException | None = None) -> Generator[Any, Any, Any]:  # fmt: skip
+    """Run a background task's coroutine as its Task would (from ``value`` or ``error``,
+    when it ran traced until then); one step in
+    ``BACKGROUND_SAMPLE`` on a loop with a view is timed: its CPU less the traced slices
+    and the garbage collections that ran inside it, times ``BACKGROUND_SAMPLE``, goes to the
+    view under the coroutine's name (:meth:`tracekit._core.loop_view.LoopView.background_step`)."""
+    state = event_loop.thread_state()
+    name = _name(coro)
+    send, throw = coro.send, coro.throw
+    while True:
+        view = state.view
+        timed = False
+        if view is not None and not state.slice_start:  # not inside a traced slice
+            view.background_seq += 1
+            timed = view.background_seq % BACKGROUND_SAMPLE == 0
+        before = _readings(state) if timed else None
+        try:
+            yielded = send(value) if error is None else throw(error)
+        except StopIteration as exc:
+            if before is not None:
+                _timed(state, name, before)
+            return exc.value
+        except BaseException:
+            if before is not None:
+                _timed(state, name, before)
+            raise
+        if before is not None:
+            _timed(state, name, before)
+        try:
+            value, error = (yield yielded), None
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # CancelledError and anything else thrown in by the Task
+            value, error = None, exc
+
+
+def _readings(state: event_loop.ThreadState) -> tuple[int, int, int]:
+    """(thread CPU, traced CPU, GC CPU outside traced slices) on this thread, ns."""
+    gc = state.gc
+    return clock.cpu_ns(), state.busy_cpu, gc.cpu - gc.in_slices if gc is not None else 0
+
+
+def _timed(state: event_loop.ThreadState, name: str, before: tuple[int, int, int]) -> None:
+    """A timed background step ended: its own CPU, scaled, to the loop view."""
+    try:
+        after = _readings(state)
+        cpu = (after[0] - before[0]) - (after[1] - before[1]) - (after[2] - before[2])
+        view = state.view
+        if view is not None and cpu > 0:
+            view.background_step(name, cpu * BACKGROUND_SAMPLE)
+    except Exception:
+        internal_error("background task")
+
+
+def _name(coro: Any) -> str:
+    """``module.qualname`` of a coroutine (its ``__qualname__`` alone when its module is
+    unknown: a coroutine-like object of a library)."""
+    qualname = str(getattr(coro, "__qualname__", None) or type(coro).__qualname__)
+    frame = getattr(coro, "cr_frame", None)
+    module = frame.f_globals.get("__name__") if frame is not None else None
+    return f"{module}.{qualname}" if isinstance(module, str) else qualname
 
 
 def _not_run() -> Generator[Any, Any, Any]:
@@ -174,6 +256,10 @@ def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options:
             led = Ledger(SPAWNED, spawner.request, None, spawner.span_id)
             led.spawner = spawner
             coro = SpawnedCoroutine(coro, led)
+        elif hasattr(coro, "send") and asyncio.current_task(loop) is not None:
+            # A task of no traced request, created by a task (the application's background
+            # work; not a server's per-connection task, made in a protocol callback): named.
+            coro = SpawnedCoroutine(coro, None)
     except Exception:
         internal_error("spawned task")
     if previous is None:

@@ -64,6 +64,10 @@ def window_attributes(window: dict[str, Any]) -> dict[str, Any]:
         attrs[semconv.LOOP_TASKS] = window["tasks"]
     if window["runqueue"] >= 0:
         attrs[semconv.LOOP_RUNQUEUE_MS] = window["runqueue"] / MS
+    tasks = window.get("background_tasks")
+    if tasks:
+        attrs[semconv.LOOP_BACKGROUND_TASKS] = [name for name, _ in tasks]
+        attrs[semconv.LOOP_BACKGROUND_TASKS_CPU_MS] = [cpu / MS for _, cpu in tasks]
     return attrs
 
 

@@ -461,6 +461,10 @@ class _Renderer:
             parts = f" {g.dot} ".join(f"{k} {_pct0(share.get(k))}" for k in
                                       ("requests", "gc", "tracekit", "background"))
             self._wrap(f"loop CPU      {fmt_ms(cpu.get('total'))} ms: {parts}", 2, hang=14)
+            named_tasks = [t for t in one.get("background_tasks") or [] if isinstance(t, Mapping)]
+            if named_tasks:  # sampled: one step in 16 of each background task
+                named = ", ".join(f"{t.get('task')} {fmt_ms(t.get('cpu_ms'))} ms" for t in named_tasks)
+                self._wrap(f"background    tasks of no request (sampled): {named}", 2, hang=14)
             gc = one.get("gc") or {}
             counts = [_int(c) for c in gc.get("counts") or []]
             longest = ""

@@ -91,6 +91,7 @@ class BackgroundOnLoop:
         removed = background / load.wall_ms
         tasks = max((w.tasks for w in load.windows if w.tasks is not None), default=None)
         per_second = load.per_second(background)
+        named = [(name, load.per_second(cpu)) for name, cpu in _named_tasks(load)]
         evidence = (
             f"the event loop of {load.service} ran {ms(per_second)} per second of work that no "
             f"traced request owns ({background / load.cpu_ms:.0%} of its CPU, "
@@ -100,7 +101,10 @@ class BackgroundOnLoop:
             + (f" with up to {tasks:,} tasks alive" if tasks is not None else "")
             + f"; {route}'s requests waited {ms(waited[route] / max(1, len(reqs)))} each for the loop"
         )
-        title, code = loop_fixes.background_off_loop(per_second, tasks)
+        if named:
+            evidence += "; of it, background tasks (sampled, one step in 16): " + ", ".join(
+                f"{name} {ms(cpu)} per second" for name, cpu in named)  # fmt: skip
+        title, code = loop_fixes.background_off_loop(per_second, tasks, named)
         projection = queueing_projection(requests, route, utilisation_factor(rho, rho - removed))
         if projection is not None:
             code += (
@@ -118,3 +122,19 @@ class BackgroundOnLoop:
             evidence=evidence, fix_title=title, fix_code=code, projection=projection,
             projection_note=None if projection is not None else "no instrumented requests to project",
         )  # fmt: skip
+
+
+#: Background tasks named in a finding: those that took at least this share of the
+#: background CPU (sampled figures: a task with a few steps may read a little high or low).
+MIN_TASK_SHARE = 0.10
+
+
+def _named_tasks(load: LoopLoad) -> list[tuple[str, float]]:
+    """The background tasks (coroutine, CPU ms over the windows) that took at least
+    ``MIN_TASK_SHARE`` of the background CPU, most first, at most three."""
+    cpu: dict[str, float] = {}
+    for w in load.windows:
+        for name, task_ms in w.background_tasks:
+            cpu[name] = cpu.get(name, 0.0) + task_ms
+    ranked = sorted(cpu.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [(n, c) for n, c in ranked if c >= MIN_TASK_SHARE * load.background_cpu_ms][:3]

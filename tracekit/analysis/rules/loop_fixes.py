@@ -5,6 +5,8 @@ cannot end (newlines are replaced)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def _comment(text: str) -> str:
     """Trace text for a ``#`` comment: one line."""
@@ -65,16 +67,28 @@ gc.set_threshold(gen0 * 10, gen1, gen2)
     return title, code
 
 
-def background_off_loop(per_second_ms: float, tasks: int | None) -> tuple[str, str]:
-    """Find and move the work no request owns (logging, billing, metrics, periodic tasks)."""
-    title = (
-        "Find the loop's untraced work (a profiler, or tracekit.stage around background "
-        "tasks) and move it off the loop: logging through a QueueHandler thread, billing and "
-        "metrics batched or in a thread"
-    )
+def background_off_loop(per_second_ms: float, tasks: int | None,
+                        named: Sequence[tuple[str, float]] = ()) -> tuple[str, str]:  # fmt: skip
+    """Find and move the work no request owns (logging, billing, metrics, periodic tasks);
+    ``named``: the background tasks that took the most of it, ``(coroutine, ms per second)``."""
+    if named:
+        title = (
+            f"Move {_comment(named[0][0])}'s work off the loop (the background task that took the most of "
+            "it): its CPU-bound part in a thread or process, or batched; logging through a "
+            "QueueHandler thread"
+        )
+    else:
+        title = (
+            "Find the loop's untraced work (a profiler, or tracekit.stage around background "
+            "tasks) and move it off the loop: logging through a QueueHandler thread, billing and "
+            "metrics batched or in a thread"
+        )
     tasks_line = f", up to {tasks} tasks alive" if tasks is not None else ""
     code = f"""# {per_second_ms:.0f} ms of every second on the loop ran no traced request{tasks_line}.
-# 1. See it: name background tasks as stages, so the report attributes their CPU
+"""
+    for name, ms in named:
+        code += f"#   task {_comment(name)}: about {ms:.0f} ms a second (sampled)\n"
+    code += """# 1. See it: name background tasks as stages, so the report attributes their CPU
 @tracekit.stage("billing")
 async def record_usage(usage): ...
 

@@ -33,6 +33,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
 from msgspec import Struct
 
 from tracekit import semconv
@@ -60,6 +61,9 @@ _SUMMARY = ("p50", "p95", "max")
 #: short of CPU (the report says so; ``loop-saturated`` names it as the cause): a tenth of the
 #: time, enough to move every wait and step it holds.
 HOST_SHORT_SHARE = 0.10
+#: Background task names counted per loop (the recorder exports 8 a window), and reported.
+MAX_TASK_NAMES = 256
+TASKS_SHOWN = 5
 
 
 class LoopWindow(Struct, array_like=True):
@@ -96,6 +100,8 @@ class LoopWindow(Struct, array_like=True):
     gc_max_cpu_ms: float | None = None
     #: The time the loop thread waited for a CPU (run-queue delay; None where not measured).
     runqueue_ms: float | None = None
+    #: The tasks of no request that took the most background CPU: (coroutine, ms), sampled.
+    background_tasks: tuple[tuple[str, float], ...] = ()
 
     @property
     def wall_ms(self) -> float:
@@ -147,7 +153,28 @@ def window_of(span: Span) -> LoopWindow | None:
         _profile(a),
         ms_value(a.get(semconv.LOOP_GC_MAX_CPU_MS)),
         ms_value(a.get(semconv.LOOP_RUNQUEUE_MS)),
+        _tasks(a.get(semconv.LOOP_BACKGROUND_TASKS), a.get(semconv.LOOP_BACKGROUND_TASKS_CPU_MS)),
     )  # fmt: skip
+
+
+def _tasks(names: Any, cpu: Any) -> tuple[tuple[str, float], ...]:
+    # Parallel arrays (a list, or Jaeger's JSON text of one); malformed pairs are dropped.
+    names, cpu = _array(names), _array(cpu)
+    pairs = []
+    for name, ms in zip(names[:MAX_TASK_NAMES], cpu, strict=False):
+        value = ms_value(ms)
+        if isinstance(name, str) and name and value is not None:
+            pairs.append((name[:200], value))
+    return tuple(pairs)
+
+
+def _array(value: Any) -> list[Any]:
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return []
+    return list(value) if isinstance(value, (list, tuple)) else []
 
 
 def _profile(a: dict[str, Any]) -> tuple[float, str, str, str] | None:
@@ -172,8 +199,8 @@ class LoopStats:
 
     __slots__ = ("busy", "first_ns", "gc_counts", "gc_max_generation", "gc_max_ms", "inflight_max",
                  "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "profile",
-                 "runqueue_cpu_ns", "runqueue_ns", "runqueue_wall_ns", "service", "tasks_max", "thread",
-                 "windows")  # fmt: skip
+                 "runqueue_cpu_ns", "runqueue_ns", "runqueue_wall_ns", "service", "task_cpu", "tasks_max",
+                 "thread", "windows")  # fmt: skip
 
     #: The integer sums of ``ns``, in this order.
     SUMS = ("wall", "cpu", "requests", "gc_cpu", "tracekit", "background", "gc")
@@ -198,6 +225,7 @@ class LoopStats:
         self.profile: tuple[float, str, str, str] | None = None
         # Run-queue delay, and the wall time and the loop's CPU of the windows that measured it.
         self.runqueue_ns = self.runqueue_wall_ns = self.runqueue_cpu_ns = 0
+        self.task_cpu: dict[str, int] = {}  # background tasks' CPU by coroutine, ns
 
     def add(self, w: LoopWindow) -> None:
         """Count one window."""
@@ -228,6 +256,18 @@ class LoopStats:
             self.runqueue_ns += _to_ns(w.runqueue_ms)
             self.runqueue_wall_ns += values[0]
             self.runqueue_cpu_ns += _to_ns(w.cpu_ms)
+        for name, ms in w.background_tasks:
+            self._task(name, _to_ns(ms))
+
+    def _task(self, name: str, ns: int) -> None:
+        tasks = self.task_cpu
+        if name in tasks or len(tasks) < MAX_TASK_NAMES:
+            tasks[name] = tasks.get(name, 0) + ns
+
+    def tasks(self) -> list[tuple[str, float]]:
+        """The background tasks that took the most CPU, ``(coroutine, ms)``, most first."""
+        ranked = sorted(self.task_cpu.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [(name, ns / _NS) for name, ns in ranked[:TASKS_SHOWN]]
 
     def _pause(self, ms: float, generation: int | None) -> None:
         # The longest pause; on a tie the older generation (a deterministic choice).
@@ -264,6 +304,8 @@ class LoopStats:
         self.runqueue_ns += other.runqueue_ns
         self.runqueue_wall_ns += other.runqueue_wall_ns
         self.runqueue_cpu_ns += other.runqueue_cpu_ns
+        for name, ns in other.task_cpu.items():
+            self._task(name, ns)
 
     def ms(self, name: str) -> float:
         """One of :attr:`SUMS` in ms."""
@@ -305,6 +347,8 @@ class LoopStats:
         if self.runqueue_wall_ns:  # only where measured: older reports keep their form
             out["cpu_wait"] = {"ms": self.runqueue_ns / _NS,
                                "share": self.runqueue_ns / self.runqueue_wall_ns}  # fmt: skip
+        if self.task_cpu:  # only where named: older reports keep their form
+            out["background_tasks"] = [{"task": name, "cpu_ms": ms} for name, ms in self.tasks()]
         if self.profile is not None:  # only then: reports without profiles keep their form
             ms, hot, tree, reason = self.profile
             out["profile"] = {"sampled_ms": ms, "hot": hot, "tree": tree, "reason": reason}
