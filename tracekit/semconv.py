@@ -119,7 +119,7 @@ LOOP_GC_CPU_MS: Final = "tracekit.loop.gc_cpu_ms"  # garbage collection on the l
 LOOP_TRACEKIT_CPU_MS: Final = "tracekit.loop.tracekit_cpu_ms"  # tracekit's bookkeeping between steps
 LOOP_BACKGROUND_CPU_MS: Final = "tracekit.loop.background_cpu_ms"  # the rest: server, tasks of no request
 # The tasks of no request that took the most of it, by coroutine (module.qualname), and their
-# CPU in ms (parallel arrays; sampled: one step in tracekit._core.spawned.BACKGROUND_SAMPLE).
+# CPU in ms (parallel arrays; tracekit._core.spawned times each of their steps).
 LOOP_BACKGROUND_TASKS: Final = "tracekit.loop.background_tasks"
 LOOP_BACKGROUND_TASKS_CPU_MS: Final = "tracekit.loop.background_tasks_cpu_ms"
 LOOP_GC_MS: Final = "tracekit.loop.gc_ms"  # wall time of the collections

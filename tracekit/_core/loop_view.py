@@ -23,9 +23,9 @@ into its percentiles. Two callbacks per probe, a few µs each: ~0.05% of the loo
   clock on one slice in 64 and scaled (the bookkeeping before a step is inside the step's
   CPU, a fraction of a µs; span building runs on a thread of its own);
 - ``background``: the rest: the server's own code (HTTP parsing, writes), tasks and callbacks
-  of no request, the loop's own dispatch. Of it, the tasks of no request are named: one step
-  in ``spawned.BACKGROUND_SAMPLE`` of each loop's is timed (:mod:`tracekit._core.spawned`),
-  and a window gives the ``MAX_TASKS_SHOWN`` coroutines that took the most CPU.
+  of no request, the loop's own dispatch. Of it, the tasks of no request that another task
+  made are named: each of their steps is timed (:mod:`tracekit._core.spawned`), and a window
+  gives the ``MAX_TASKS_SHOWN`` coroutines that took the most CPU.
 
 plus the busy share (thread CPU / window wall time), GC pauses by generation, the longest
 pause, the requests in flight and the tasks alive, and the time the loop thread was ready to
@@ -86,9 +86,8 @@ class LoopView:
         self.inflight = 0  # traced requests running on this loop now (written on the loop thread)
         self.factory = False  # tracekit's task factory is installed (tracekit._core.asgi)
         self.tracekit_ns = 0  # tracekit's bookkeeping after traced steps, sampled (tracekit._core.driver)
-        # Background tasks' CPU this window by coroutine name, ns, sampled (tracekit._core.spawned).
+        # Background tasks' CPU this window by coroutine name, ns (tracekit._core.spawned).
         self.background: dict[str, int] = {}
-        self.background_seq = 0
         self.probing = False
         self._busy_at_schedule = 0
         self.deadline = 0
@@ -162,7 +161,7 @@ class LoopView:
             internal_error("loop probe")
 
     def background_step(self, name: str, cpu: int) -> None:
-        """A background task's sampled step took ``cpu`` ns (scaled) outside traced work."""
+        """A background task's step took ``cpu`` ns outside traced work."""
         background = self.background
         if name in background or len(background) < MAX_BACKGROUND_NAMES:
             background[name] = background.get(name, 0) + cpu

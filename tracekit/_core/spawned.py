@@ -17,9 +17,9 @@ are children of that ledger already (the context says so).
 Tasks created outside any request (the server's own, the application's background tasks) are
 the loop's background work (:mod:`tracekit._core.loop_view`). Those another task creates (the
 application's: in its lifespan, in a request handler of no traced request, a request's task
-still running once the request was handed on) run through a light wrapper that times one
-step in ``BACKGROUND_SAMPLE`` (:func:`_background`): the CPU of that step outside traced
-slices and garbage collection, scaled, goes to the loop view under the coroutine's name, so a
+still running once the request was handed on) run through a light wrapper that times each of
+their steps (:func:`_background`; two CPU-clock reads a step): the CPU of the step outside
+traced slices and garbage collection goes to the loop view under the coroutine's name, so a
 report can say which background task holds the loop. Tasks made in a callback (a server's
 task per request, made as its protocol parses a request) are left as they are: wrapping
 them cost 6 µs a request under uvicorn (bench/throughput.py).
@@ -42,8 +42,6 @@ from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import SPAWNED, Ledger
 
 MAX_CATCHES: Final = 4  # watchdog catches kept per ledger (tracekit._core.watchdog.MAX_CATCHES)
-# One step of a background task in this many is timed (two CPU-clock reads), on each loop.
-BACKGROUND_SAMPLE: Final = 16
 
 
 class SpawnedCoroutine:
@@ -59,7 +57,7 @@ class SpawnedCoroutine:
 
     def __init__(self, coro: Any, led: Ledger | None) -> None:
         self.coro = coro
-        self.led = led  # None: a task of no request (background, sampled: _background)
+        self.led = led  # None: a task of no request (background, timed: _background)
         self.runner: Generator[Any, Any, Any] | None = None
 
     def send(self, value: Any) -> Any:
@@ -127,19 +125,17 @@ def _run(coro: Any, led: Ledger) -> Generator[Any, Any, Any]:
 def _background(coro: Any, value: Any = None,
                 error: BaseException | None = None) -> Generator[Any, Any, Any]:  # fmt: skip
     """Run a background task's coroutine as its Task would (from ``value`` or ``error``,
-    when it ran traced until then); one step in
-    ``BACKGROUND_SAMPLE`` on a loop with a view is timed: its CPU less the traced slices
-    and the garbage collections that ran inside it, times ``BACKGROUND_SAMPLE``, goes to the
-    view under the coroutine's name (:meth:`tracekit._core.loop_view.LoopView.background_step`)."""
+    when it ran traced until then); on a loop with a view, each step's CPU less the traced
+    slices and the garbage collections that ran inside it goes to the view under the
+    coroutine's name (:meth:`tracekit._core.loop_view.LoopView.background_step`). (Timing one
+    step in 16 and scaling it read a task's CPU 11-39% off per run, and over a window's
+    whole background in some windows.)"""
     state = event_loop.thread_state()
     name = _name(coro)
     send, throw = coro.send, coro.throw
     while True:
-        view = state.view
-        timed = False
-        if view is not None and not state.slice_start:  # not inside a traced slice
-            view.background_seq += 1
-            timed = view.background_seq % BACKGROUND_SAMPLE == 0
+        # Not inside a traced slice (the CPU is the slice's then).
+        timed = state.view is not None and not state.slice_start
         before = _readings(state) if timed else None
         try:
             yielded = send(value) if error is None else throw(error)
@@ -169,13 +165,13 @@ def _readings(state: event_loop.ThreadState) -> tuple[int, int, int]:
 
 
 def _timed(state: event_loop.ThreadState, name: str, before: tuple[int, int, int]) -> None:
-    """A timed background step ended: its own CPU, scaled, to the loop view."""
+    """A timed background step ended: its own CPU to the loop view."""
     try:
         after = _readings(state)
         cpu = (after[0] - before[0]) - (after[1] - before[1]) - (after[2] - before[2])
         view = state.view
         if view is not None and cpu > 0:
-            view.background_step(name, cpu * BACKGROUND_SAMPLE)
+            view.background_step(name, cpu)
     except Exception:
         internal_error("background task")
 

@@ -462,9 +462,9 @@ class _Renderer:
                                       ("requests", "gc", "tracekit", "background"))
             self._wrap(f"loop CPU      {fmt_ms(cpu.get('total'))} ms: {parts}", 2, hang=14)
             named_tasks = [t for t in one.get("background_tasks") or [] if isinstance(t, Mapping)]
-            if named_tasks:  # sampled: one step in 16 of each background task
+            if named_tasks:
                 named = ", ".join(f"{t.get('task')} {fmt_ms(t.get('cpu_ms'))} ms" for t in named_tasks)
-                self._wrap(f"background    tasks of no request (sampled): {named}", 2, hang=14)
+                self._wrap(f"background    tasks of no request: {named}", 2, hang=14)
             gc = one.get("gc") or {}
             counts = [_int(c) for c in gc.get("counts") or []]
             longest = ""

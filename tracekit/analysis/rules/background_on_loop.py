@@ -102,7 +102,7 @@ class BackgroundOnLoop:
             + f"; {route}'s requests waited {ms(waited[route] / max(1, len(reqs)))} each for the loop"
         )
         if named:
-            evidence += "; of it, background tasks (sampled, one step in 16): " + ", ".join(
+            evidence += "; of it, background tasks: " + ", ".join(
                 f"{name} {ms(cpu)} per second" for name, cpu in named)  # fmt: skip
         title, code = loop_fixes.background_off_loop(per_second, tasks, named)
         projection = queueing_projection(requests, route, utilisation_factor(rho, rho - removed))
@@ -125,7 +125,7 @@ class BackgroundOnLoop:
 
 
 #: Background tasks named in a finding: those that took at least this share of the
-#: background CPU (sampled figures: a task with a few steps may read a little high or low).
+#: background CPU.
 MIN_TASK_SHARE = 0.10
 
 

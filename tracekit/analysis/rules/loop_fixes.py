@@ -87,7 +87,7 @@ def background_off_loop(per_second_ms: float, tasks: int | None,
     code = f"""# {per_second_ms:.0f} ms of every second on the loop ran no traced request{tasks_line}.
 """
     for name, ms in named:
-        code += f"#   task {_comment(name)}: about {ms:.0f} ms a second (sampled)\n"
+        code += f"#   task {_comment(name)}: {ms:.0f} ms a second\n"
     code += """# 1. See it: name background tasks as stages, so the report attributes their CPU
 @tracekit.stage("billing")
 async def record_usage(usage): ...

@@ -100,7 +100,7 @@ class LoopWindow(Struct, array_like=True):
     gc_max_cpu_ms: float | None = None
     #: The time the loop thread waited for a CPU (run-queue delay; None where not measured).
     runqueue_ms: float | None = None
-    #: The tasks of no request that took the most background CPU: (coroutine, ms), sampled.
+    #: The tasks of no request that took the most background CPU: (coroutine, ms).
     background_tasks: tuple[tuple[str, float], ...] = ()
 
     @property
