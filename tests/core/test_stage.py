@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -169,6 +170,57 @@ def test_async_generator_closed_early_still_ends_its_span() -> None:
         assert asyncio.run(take_two()) == [0, 1]
     (model,) = rec.spans
     assert "tracekit.unfinished" not in model.attributes
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_stream_its_relay_stops_reading_at_done_ends_at_its_last_item(loop_kind: str) -> None:
+    # A proxy's relay breaks out of the model stream at "[DONE]" without aclose(): the
+    # stage ends at its last item, not when the request's linger ends (it showed ~1 s of
+    # model wait in a 150 ms request then).
+    @tracekit.stage("model")
+    async def stream_model():  # type: ignore[no-untyped-def]
+        for i in range(5):
+            await asyncio.sleep(0.01)
+            yield str(i)
+        yield "[DONE]"
+        await asyncio.sleep(5)  # never reached: nobody asks for more
+
+    async def relay(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        async for data in stream_model():
+            if data == "[DONE]":
+                break
+            await send({"type": "http.response.body", "body": data.encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> None:
+        sent: list[Any] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/", "root_path": "",
+                 "query_string": b"", "headers": [], "scheme": "http", "http_version": "1.1"}  # fmt: skip
+        await tracekit.TracekitMiddleware(relay)(scope, receive, send)
+
+    started = time.monotonic()
+    with tracekit.record() as rec:
+        if loop_kind == "uvloop":
+            import uvloop
+
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
+        spans = rec.spans
+    assert time.monotonic() - started < 0.9  # handed on without waiting for the linger
+    model = next(s.attributes for s in spans if s.name == "model")
+    request = next(s.attributes for s in spans if s.kind.name == "SERVER")
+    assert "tracekit.unfinished" not in model
+    assert 45 <= model[sc.WALL_MS] < 150, model
+    assert request[sc.MODEL_WAIT_MS] <= request[sc.WALL_MS], request
 
 
 def test_with_and_async_with_blocks() -> None:

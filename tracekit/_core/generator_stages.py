@@ -5,6 +5,11 @@ thread pool is a sync one. The stage opens at the first iteration and closes whe
 generator is exhausted, fails or is closed. Only the generator's own code is the stage's: it
 is bound as the current stage just while an iteration runs, and the time the consumer holds
 an item between iterations is ``tracekit.consumer_ms``, not the stage's.
+
+A consumer that stops iterating without closing it (``break`` out of ``async for`` at the
+``[DONE]`` event, a common relay) abandons it: the stage closes when the wrapper is released,
+at its last item (it did nothing after). Left open, it lasted until its request's linger
+ended (1 s): a streamed request showed ~1.2 s of model wait in 150 ms of wall time.
 """
 
 from __future__ import annotations
@@ -59,6 +64,13 @@ class _StagedIteration:
         if self._yielded_at:
             led.consumer += clock.wall_ns() - self._yielded_at
         stage_timing.close_ledger(led, error)
+
+    def __del__(self) -> None:
+        # Released unclosed (abandoned by its consumer): the stage ended at its last item.
+        led = self._led
+        if not self._done and led is not None:
+            self._done = True
+            stage_timing.close_ledger(led, None, self._yielded_at or clock.wall_ns())
 
 
 class StagedAsyncGenerator(_StagedIteration):
