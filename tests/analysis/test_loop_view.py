@@ -177,6 +177,8 @@ def test_loop_saturated_fires_on_many_short_slices_with_its_figures() -> None:
     assert "each request ran 9.0 ms of CPU on it" in f.evidence
     assert "guardrail 4.0 ms (44%), tokenize 3.0 ms (33%), render 2.0 ms (22%)" in f.evidence
     assert "0.50 ms per request that no request owns" in f.evidence  # (40 + 10) ms / 100 requests
+    # The wait before a request's span begins is not in its latency, and the finding says so.
+    assert "which no latency here includes: clients saw more" in f.evidence
     # The worker count aims at TARGET_BUSY; the queueing projection scales each loop wait.
     workers = math.ceil(0.95 / TARGET_BUSY)
     assert f"--workers {workers}" in f.fix_code

@@ -191,7 +191,9 @@ class LoopSaturated:
         )
         evidence.append(
             f"{victim}'s requests waited {ms(sum(waits) / max(1, len(waits)))} each for the loop "
-            f"(p95 {ms(percentile(waits, 0.95))})"
+            f"(p95 {ms(percentile(waits, 0.95))}) once their spans had begun; they also waited "
+            "before, for the server to read them and start their tasks, which no latency here "
+            "includes: clients saw more"
         )
         if folded:
             evidence.append("; ".join(folded))
