@@ -140,15 +140,10 @@ def _background(coro: Any, value: Any = None,
         try:
             yielded = send(value) if error is None else throw(error)
         except StopIteration as exc:
-            if before is not None:
-                _timed(state, name, before)
             return exc.value
-        except BaseException:
+        finally:
             if before is not None:
                 _timed(state, name, before)
-            raise
-        if before is not None:
-            _timed(state, name, before)
         try:
             value, error = (yield yielded), None
         except GeneratorExit:
