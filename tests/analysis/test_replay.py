@@ -110,6 +110,13 @@ def test_a_program_runs_the_loop_cpu_used_after_the_response_detached_at_its_end
     assert program[-1] == (AFTER, [(LOOP, 8.0, 0.0)])  # the stage's 6 ms among them
     # The request's own CPU in its span: 4 ms, the stage after it taking none of it.
     assert sum(node[1] for node in program[:-1] if node[0] == LOOP) == pytest.approx(4.0)
+    # An older recorder counted the stage after the response in the span's CPU (10 ms), and
+    # wrote no after-response CPU: the request's own is still 4 ms, and nothing runs after.
+    old = request(ROUTE, 0, 20, [stage("model", 2, 18, kind="model", cpu_ms=0.0, wait_ms=16.0),
+                                 stage("log_spend", 20, 26, cpu_ms=6.0)], cpu_ms=10.0)  # fmt: skip
+    program = ProgramBuilder(old, BASE_NS).program()
+    assert sum(node[1] for node in program if node[0] == LOOP) == pytest.approx(4.0)
+    assert program[-1][0] != AFTER
     # Where the recording has its slices after the end (spend logging 3 ms after the
     # response, for 4 ms, then 2 ms), the tail runs there, its CPU shared in proportion.
     req.loop_slices = [(ns(23), ns(27)), (ns(30), ns(32))]

@@ -117,7 +117,11 @@ class ProgramBuilder:
         """The request's program; the loop CPU its work used after its response, run on
         detached at its end (it holds the loop for the requests after it)."""
         req = self.req
-        stage_cpu = sum(s.cpu_ms or 0.0 for s in req.stages if not after_response(req, s))
+        after_on = after_response_cpu(req)[0]
+        # Stages begun after the response are in the span's CPU only in traces of recorders
+        # older than tracekit.after_response_cpu_ms (with it, their CPU is in that instead).
+        in_span = not any(after_response_cpu(req))
+        stage_cpu = sum(s.cpu_ms or 0.0 for s in req.stages if in_span or not after_response(req, s))
         own_cpu = max(0.0, (req.cpu_ms or 0.0) - stage_cpu)
         own = self.tree.own_slices(None, req)
         items = self._node(None, req.start_ns, req.end_ns, own_cpu, own, req.loop_waits, None)
@@ -125,7 +129,6 @@ class ProgramBuilder:
             # The server span starts inside the request's first step: the program starts
             # with that step (its wait for the loop is not part of the recorded latency).
             items = [(LOOP, 0.0, 0.0), *items]
-        after_on = after_response_cpu(req)[0]
         if after_on > 0:
             items = [*items, (AFTER, self._after(after_on))]
         return items
