@@ -394,6 +394,22 @@ def test_stream_stall_names_what_held_the_loop() -> None:
     assert "streams stall" in own.evidence and "per chunk" in own.evidence
 
 
+def test_streams_that_waited_for_a_busy_loop_are_not_put_on_the_model_server() -> None:
+    # A new user's proxy at 32 clients: no one stage held the loop long (many short slices,
+    # GC, background work), but the streamed calls' model stages waited for it 195 ms each;
+    # the finding said "the model server paused the streams" and proposed chunked prefill.
+    records = stall_from_model_server()
+    for req in records:
+        for s in req.stages:
+            if s.kind == semconv.KIND_MODEL:
+                s.loop_wait_ms = 400.0  # about the stalls' size: the loop held the chunks
+    f = _one(records, "stream-stall")
+    assert "waited 400 ms each for the event loop between chunks" in f.evidence
+    assert "model server" not in f.evidence and "--enable-chunked-prefill" not in f.fix_code
+    assert "--workers" in f.fix_code
+    assert ("loop-saturated", f.route, None) in f.caused_by  # folded into it when it fired
+
+
 def test_a_stall_caused_by_another_routes_stage_is_folded_into_that_finding() -> None:
     [cause] = run_rules(stall_from_other_route(), _ctx())
     assert (cause.rule, cause.route, cause.stage) == ("cpu-on-loop", EMBED, "tokenize")

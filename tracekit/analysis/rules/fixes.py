@@ -401,6 +401,20 @@ async def stream_body(tokens):
     return title, code
 
 
+def busy_loop_streams() -> tuple[str, str]:
+    """Stalls from the gateway's loop as a whole (no one stage held it)."""
+    title = (
+        "The gateway's event loop delays the chunks: take CPU off the loop (the report's loop "
+        "section says whose it is) or run more worker processes"
+    )
+    code = (
+        "# each worker process has its own event loop: the streams split between them\n"
+        "uvicorn app:app --workers 2\n"
+        "# and/or move the loop's largest CPU users (stages, GC, background tasks) off it\n"
+    )
+    return title, code
+
+
 def chunked_prefill() -> tuple[str, str]:
     """Stalls not explained by the gateway's loop: the model server's scheduling."""
     title = (

@@ -10,9 +10,12 @@ Then it looks for what held the loop between chunks: the streamed requests' loop
 their first chunk are intersected with every other request's loop slices (and their own
 per-chunk work after the first chunk is compared with the model's pace). The stalls are then
 a symptom of the culprit stage's finding and are folded into it
-(:mod:`tracekit.analysis.rules.folding`); alone, the culprit stage gets the fix. When the
-loop explains nothing, the stalls come from the model server (e.g. long prefills pausing
-decodes), and the fix is chunked prefill.
+(:mod:`tracekit.analysis.rules.folding`); alone, the culprit stage gets the fix. When no stage
+explains them but the streams' model stages waited for the loop for a good part of the
+stalls (``culprit_share``), the loop's load as a whole is the cause (many short slices, GC,
+work of no request: folded into ``loop-saturated``). When the loop explains nothing, the
+stalls come from the model server (e.g. long prefills pausing decodes), and the fix is
+chunked prefill.
 """
 
 from __future__ import annotations
@@ -152,6 +155,9 @@ class StreamStall:
         own = self._own_per_chunk(streamed)
         if own is not None and own[1] >= 0.5 * pace:
             return self._per_chunk(route, own, head, stall, p50, requests, ctx)
+        waited = sum(_stream_loop_wait_ms(r) for r in streamed)
+        if waited >= self.culprit_share * excess:
+            return self._busy_loop(route, waited / len(streamed), head, stall, p50, streamed, requests, ctx)
         evidence = (
             f"{head}; the gateway's event loop does not explain them (no other work held it "
             f"while the streams waited): the model server paused the streams"
@@ -210,6 +216,43 @@ class StreamStall:
             model=replace(model, report_route=route) if model is not None else None,
             no_model_note=note,
             caused_by=(("cpu-on-loop", c_route, c_stage), ("blocking-call-on-loop", c_route, c_stage)),
+            folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)",
+        )
+
+    def _busy_loop(
+        self,
+        route: str,
+        waited: float,
+        head: str,
+        stall: float,
+        p50: float,
+        streamed: list[RequestRecord],
+        requests: Sequence[RequestRecord],
+        ctx: RuleContext,
+    ) -> Finding:
+        """The streams waited for the loop, and no one stage held it: many short slices,
+        garbage collection, work no request owns (the symptom of ``loop-saturated``, folded
+        into it when it fired). Before this, the stalls were put on the model server."""
+        clause = (
+            f"the streams waited {ms(waited)} each for the event loop between chunks (their "
+            f"model stage's loop wait), with no one stage holding it: many short slices, "
+            f"garbage collection or work no request owns kept it busy"
+        )
+        model_stage = next((s for s in streamed[0].stages if s.kind == semconv.KIND_MODEL), None)
+        return finding(
+            rule=self.id,
+            route=route,
+            stage=model_stage.name if model_stage is not None else None,
+            function=function_of(model_stage),
+            impact_ms=stall,
+            route_p50_ms=p50,
+            evidence=f"{head}; {clause}",
+            fix=fixes.busy_loop_streams(),
+            requests=requests,
+            ctx=ctx,
+            model=None,
+            no_model_note="the replay models end-to-end latency, not per-chunk timing",
+            caused_by=(("loop-saturated", route, None),),
             folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)",
         )
 
@@ -308,6 +351,12 @@ class StreamStall:
             return None
         name = max(per, key=lambda k: percentile(per[k], 0.5))
         return name, percentile(per[name], 0.5), records[name]
+
+
+def _stream_loop_wait_ms(req: RequestRecord) -> float:
+    """The loop wait of a streamed request's model stage (where its chunks waited)."""
+    model = next((s for s in reversed(req.stages) if s.kind == semconv.KIND_MODEL), None)
+    return (model.loop_wait_ms or 0.0) if model is not None else 0.0
 
 
 def _stall_ms(req: RequestRecord, pace: float) -> float:
