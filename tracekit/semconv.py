@@ -51,6 +51,9 @@ QUEUE_WAIT_MS: Final = "tracekit.queue_wait_ms"
 # Request spans: CPU the request's own code, the tasks it spawned and the stages they ran used
 # after its response was complete (background tasks, spend logging): not in its cpu_ms.
 AFTER_RESPONSE_CPU_MS: Final = "tracekit.after_response_cpu_ms"
+# Request spans: from the server making the request's task (having read its headers) to the
+# middleware's first step: a lower bound of the wait before the span began.
+START_WAIT_MS: Final = "tracekit.start_wait_ms"
 # The part of it that ran off the event-loop thread (a sync background task in a thread pool).
 AFTER_RESPONSE_CPU_OFF_LOOP_MS: Final = "tracekit.after_response_cpu_off_loop_ms"
 # Number of resumptions (steps) of the stage's code.

@@ -193,6 +193,15 @@ def test_loop_saturated_fires_on_many_short_slices_with_its_figures() -> None:
     assert f.severity == "high"
 
 
+def test_loop_saturated_gives_the_measured_wait_before_the_spans_as_a_lower_bound() -> None:
+    spans = _saturated()
+    servers = [s for s in spans if s.kind == "server"]
+    for i, span in enumerate(servers):
+        span.attributes[semconv.START_WAIT_MS] = float(i % 10)  # 0-9 ms: p50 4.5, p95 9
+    (f,) = [f for f in analyze_spans(spans).findings if f.rule == "loop-saturated"]
+    assert "start their tasks (at least 4.5 ms p50, p95 9.0 ms: from the server making" in f.evidence
+
+
 def test_loop_saturated_does_not_fire_on_an_idle_loop() -> None:
     spans = [*_windows(4, requests=90.0, background=4.0, lag=(0.1, 0.4, 1.0), probes=100),
              *_traffic(4, 10, SHORT)]  # fmt: skip

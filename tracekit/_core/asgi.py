@@ -32,6 +32,7 @@ UNSAMPLED: Final = Ledger(Site("unsampled", "request"), None, None, 0)  # marks 
 
 _randrange: Final = random.randrange
 _get_running_loop: Final = asyncio._get_running_loop
+_current_task: Final = asyncio.current_task
 
 
 def begin(runtime: Any, scope: MutableMapping[str, Any]) -> Request | SpanContext | None:
@@ -84,6 +85,9 @@ def enter(request: Request) -> tuple[Token[Ledger | None], object] | None:
             watchdog.watch(state)
         loop = _get_running_loop()
         if loop is not None:
+            created = spawned.created_at(_current_task(loop))
+            if created:  # the server made this request's task then: it waited since
+                request.start_wait = request.start - created
             view = state.view
             if view is None or view.loop is not loop:
                 view = loop_view.view_for(loop, state)

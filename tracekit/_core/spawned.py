@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import weakref
 from collections.abc import Generator
 from typing import Any, Final
 
@@ -236,9 +237,17 @@ def fold(led: Ledger) -> None:
     led.cpu_on = led.cpu_off = led.loop_wait = 0
 
 
+#: When tasks made in a callback (a server's task per request) were created, by id(task), with
+#: the task (weakly: an id can be reused once a task is gone): the middleware reads its
+#: request's (tracekit._core.asgi.enter). Bounded: cleared past the cap.
+CREATED: Final[dict[int, tuple[int, Any]]] = {}
+MAX_CREATED: Final = 4096
+
+
 def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options: Any) -> Any:
     """Create a task for ``coro`` (through ``previous``, the factory set before tracekit's,
     if any), its coroutine driven when the task belongs to a traced request."""
+    made_in_callback = False
     try:
         context = options.get("context")
         spawner = get_ledger() if context is None else context.get(current_ledger, None)
@@ -247,15 +256,26 @@ def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options:
             led = Ledger(SPAWNED, spawner.request, None, spawner.span_id)
             led.spawner = spawner
             coro = SpawnedCoroutine(coro, led)
-        elif hasattr(coro, "send") and asyncio.current_task(loop) is not None:
+        elif asyncio.current_task(loop) is None:
+            made_in_callback = True  # a server's task per request, made as it read one
+        elif hasattr(coro, "send"):
             # A task of no traced request, created by a task (the application's background
             # work; not a server's per-connection task, made in a protocol callback): named.
             coro = SpawnedCoroutine(coro, None)
     except Exception:
         internal_error("spawned task")
-    if previous is None:
-        return asyncio.Task(coro, loop=loop, **options)
-    return previous(loop, coro, **options)
+    task = asyncio.Task(coro, loop=loop, **options) if previous is None else previous(loop, coro, **options)
+    if made_in_callback:
+        if len(CREATED) >= MAX_CREATED:
+            CREATED.clear()
+        CREATED[id(task)] = (clock.wall_ns(), weakref.ref(task))
+    return task
+
+
+def created_at(task: Any) -> int:
+    """When the server made ``task`` in a callback (wall ns; 0: not known), forgotten then."""
+    entry = CREATED.pop(id(task), None)
+    return entry[0] if entry is not None and entry[1]() is task else 0
 
 
 class TaskFactory:

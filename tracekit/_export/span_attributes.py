@@ -257,6 +257,8 @@ def request_attributes(request: Request, parts: list[tuple[int, int, int, int]] 
         attrs[semconv.GC_MS] = gc / MS
     if queued:
         attrs[semconv.QUEUE_WAIT_MS] = queued / MS
+    if request.start_wait > 0:
+        attrs[semconv.START_WAIT_MS] = request.start_wait / MS
     if after > 0:
         attrs[semconv.AFTER_RESPONSE_CPU_MS] = after / MS
         if after_off > 0:

@@ -29,7 +29,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from tracekit import semconv
 from tracekit._percentile import percentile
+from tracekit.analysis.assembly.request_records import ms_value
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import loop_fixes
@@ -189,11 +191,17 @@ class LoopSaturated:
             f"I/O and tasks of no request {ms(load.per_request(load.background_cpu_ms))}, GC "
             f"{ms(load.per_request(load.gc_cpu_ms))}, tracekit {ms(load.per_request(load.tracekit_cpu_ms))})"
         )
+        before = sorted(v for v in (ms_value(r.attributes.get(semconv.START_WAIT_MS)) for r in victim_reqs)
+                        if v is not None)  # fmt: skip
+        measured = (
+            f" (at least {ms(percentile(before, 0.5))} p50, p95 {ms(percentile(before, 0.95))}: from "
+            "the server making the task to its first step)" if before else ""
+        )
         evidence.append(
             f"{victim}'s requests waited {ms(sum(waits) / max(1, len(waits)))} each for the loop "
             f"(p95 {ms(percentile(waits, 0.95))}) once their spans had begun; they also waited "
-            "before, for the server to read them and start their tasks, which no latency here "
-            "includes: clients saw more"
+            f"before, for the server to read them and start their tasks{measured}, which no "
+            "latency here includes: clients saw more"
         )
         if folded:
             evidence.append("; ".join(folded))
