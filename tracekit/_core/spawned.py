@@ -21,8 +21,9 @@ still running once the request was handed on) run through a light wrapper that t
 their steps (:func:`_background`; two CPU-clock reads a step): the CPU of the step outside
 traced slices and garbage collection goes to the loop view under the coroutine's name, so a
 report can say which background task holds the loop. Tasks made in a callback (a server's
-task per request, made as its protocol parses a request) are left as they are: wrapping
-them cost 6 µs a request under uvicorn (bench/throughput.py).
+task per request, made as its protocol parses a request) are not wrapped (that cost 6 µs a
+request under uvicorn, bench/throughput.py); their creation is timed (:data:`CREATED`), so
+the middleware knows how long its request's task waited to run (``tracekit.start_wait_ms``).
 
 A factory the application set before tracekit's is kept and called with the wrapped
 coroutine; one set after replaces tracekit's (spawned tasks are then seen as background).
@@ -266,9 +267,12 @@ def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options:
         internal_error("spawned task")
     task = asyncio.Task(coro, loop=loop, **options) if previous is None else previous(loop, coro, **options)
     if made_in_callback:
-        if len(CREATED) >= MAX_CREATED:
-            CREATED.clear()
-        CREATED[id(task)] = (clock.wall_ns(), weakref.ref(task))
+        try:
+            if len(CREATED) >= MAX_CREATED:
+                CREATED.clear()
+            CREATED[id(task)] = (clock.wall_ns(), weakref.ref(task))
+        except Exception:  # a task factory's object that takes no weak reference
+            internal_error("spawned task")
     return task
 
 
