@@ -464,6 +464,20 @@ def test_realistic_report_has_every_section_and_its_numbers() -> None:
     assert page.index("badge sev-high") < page.index("badge sev-low")  # most severe first
 
 
+def test_work_after_the_response_and_named_background_tasks_are_shown() -> None:
+    report = realistic_report()
+    report["routes"][0]["after_response_cpu_ms"] = {"cpu_on_loop": 3.37, "cpu_off_loop": 0.5}
+    report["loop"] = {
+        "loops": [{"service": "gateway", "thread": "MainThread", "windows": 4,
+                   "cpu_share": {"requests": 0.5, "gc": 0.0, "tracekit": 0.0, "background": 0.5},
+                   "background_tasks": [{"task": "app.cache.refresh", "cpu_ms": 402.4}]}],
+        "routes": [],
+    }  # fmt: skip
+    page = render_html(report)
+    assert "<h3>After the response</h3>" in page and "<td>3.37</td><td>0.50</td>" in page
+    assert '<span class="route">app.cache.refresh</span> 402 ms' in page
+
+
 def test_a_projection_shows_its_range_its_model_and_why_it_is_rated_so() -> None:
     # As the text report does: the after's range, the replay's assumptions and the severity's
     # reason (a new user's HTML report showed the points alone).

@@ -33,6 +33,7 @@ def loop_section(loop: object) -> str:
             "<th>max</th><th>tasks</th></tr>")  # fmt: skip
     rows = [_row(one) for one in items(loop.get("loops"))]
     profiles = "".join(_profile(one) for one in items(loop.get("loops")))
+    tasks = "".join(_tasks(one) for one in items(loop.get("loops")))
     routes = "".join(
         f'<li><span class="route">{esc(clip(r.get("route"), 200))}</span>: '
         f"{fmt_pct(r.get('loop_cpu_share'))} of {esc(clip(r.get('service'), 80))}'s loop CPU "
@@ -45,8 +46,20 @@ def loop_section(loop: object) -> str:
         "garbage collection, tracekit, and background work no request owns), GC pauses and "
         "the lag of work made ready (ms).</p>"
         f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
-        f"</table></div>{f'<ul>{routes}</ul>' if routes else ''}{profiles}</section>"
+        f"</table></div>{f'<ul>{routes}</ul>' if routes else ''}{tasks}{profiles}</section>"
     )
+
+
+def _tasks(one: Mapping[str, Any]) -> str:
+    # The background tasks (of no request) that took the most of the loop's CPU, by coroutine.
+    named = ", ".join(
+        f'<span class="route">{esc(clip(t.get("task"), 200))}</span> {fmt_ms(t.get("cpu_ms"))} ms'
+        for t in items(one.get("background_tasks"))
+    )
+    if not named:
+        return ""
+    return (f'<p class="note">{esc(clip(one.get("service"), 80))} / {esc(clip(one.get("thread"), 80))}: '
+            f"background tasks of no request, by CPU: {named}</p>")  # fmt: skip
 
 
 def _row(one: Mapping[str, Any]) -> str:

@@ -186,7 +186,29 @@ def routes_section(routes: list[Mapping[str, Any]]) -> str:
         '<section id="routes"><h2>Routes</h2><p class="note">Latency in milliseconds.</p>'
         f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
         "</table></div><h3>Where the time goes</h3>" + breakdown_chart(routes)
-        + _model_split_table(routes) + "</section>"
+        + _model_split_table(routes) + _after_response_table(routes) + "</section>"
+    )
+
+
+def _after_response_table(routes: list[Mapping[str, Any]]) -> str:
+    # CPU the requests' work used after their responses (not in the latency), where any.
+    rows = []
+    for r in routes:
+        after = r.get("after_response_cpu_ms")
+        if not isinstance(after, Mapping):
+            continue
+        rows.append(
+            f'<tr><td class="route">{esc(clip(r.get("route"), 200))}</td>'
+            f"<td>{fmt_ms(after.get('cpu_on_loop'))}</td><td>{fmt_ms(after.get('cpu_off_loop'))}</td></tr>"
+        )
+    if not rows:
+        return ""
+    return (
+        "<h3>After the response</h3><p class=\"note\">Mean ms of CPU per request that the "
+        "requests' work used once their responses were sent (background tasks, spend logging): "
+        "not in the latency above, but it holds the event loop for the requests after it.</p>"
+        '<div class="tablewrap"><table><thead><tr><th>route</th><th>on the loop</th>'
+        f'<th>off it</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
     )
 
 
