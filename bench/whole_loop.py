@@ -11,7 +11,9 @@ drives closed-loop load. Prints, per event loop:
   body written to the reply done, by its ``x-model-done-ns``: ``tests/loop/proxy.py``) and
   a direct probe (a separate process calling the model server one request at a time during
   the load);
-- the loop probe's lag and the model stage's wall time (how saturated the loop was).
+- the loop probe's lag and the model stage's wall time (how saturated the loop was);
+- the clients' latency beyond the request spans' wall time (the wait before a span begins)
+  against the part of it tracekit measures (``tracekit.start_wait_ms``).
 
 Run: .venv/bin/python bench/whole_loop.py [--loops asyncio,uvloop] [--requests 300]
      [--concurrency 32] [--stream-every 0] [--parse-units 4] [--rounds 1] [--json out.json]
@@ -84,6 +86,7 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_uni
         model.stop()
     windows = [s.attributes for s in spans if s.name == sc.LOOP_SPAN]
     models = [s.attributes for s in spans if s.attributes.get(sc.STAGE) == "model"]
+    servers = [s.attributes for s in spans if s.kind.name == "SERVER"]
     proc = (cpu_after - cpu_before) / 1e6
 
     def total(key: str) -> float:
@@ -95,15 +98,22 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_uni
         "elapsed_s": round(elapsed, 2), "client_p50_ms": round(statistics.median(latencies) * 1000, 1),
         "loop_cpu_proc_ms": round(proc, 1), "loop_cpu_windows_ms": round(total(sc.LOOP_CPU_MS), 1),
         "attributed_share": round(attributed / proc, 3),
-        "requests_spans_share": round(sum(s.attributes[sc.CPU_MS] for s in spans
-                                          if s.kind.name == "SERVER") / proc, 3),
+        # the request spans' CPU with what their work ran after the response (not in cpu_ms)
+        "requests_spans_share": round(sum(a[sc.CPU_MS] + a.get(sc.AFTER_RESPONSE_CPU_MS, 0.0)
+                                          for a in servers) / proc, 3),
+        # the wait before the spans: the clients' latency beyond the spans' wall time, and the
+        # part tracekit measures (tracekit.start_wait_ms: the server's task made to its first step)
+        "client_beyond_spans_mean_ms": round(statistics.mean(latencies) * 1000
+                                             - statistics.mean(a[sc.WALL_MS] for a in servers), 1),
+        "start_wait_mean_ms": round(statistics.mean(a.get(sc.START_WAIT_MS, 0.0) for a in servers), 1),
         "background_share": round(total(sc.LOOP_BACKGROUND_CPU_MS) / proc, 3),
         "model_server_own_p50_ms": round(statistics.median(proxy.model_ms[served_before:]), 1)
         if len(proxy.model_ms) > served_before else None,
         "direct_probe_p50_ms": round(statistics.median(direct), 1) if direct else None,
         "model_wait_p50_ms": round(statistics.median(a[sc.WAIT_MS] for a in models), 1),
         "model_wait_error": round(statistics.median(a[sc.WAIT_MS] for a in models)
-                                  / statistics.median(proxy.model_ms[served_before:]) - 1, 3),
+                                  / statistics.median(proxy.model_ms[served_before:]) - 1, 3)
+        if len(proxy.model_ms) > served_before else None,  # streamed calls: no server time kept
         "model_stage_wall_p50_ms": round(statistics.median(a[sc.WALL_MS] for a in models), 1),
         "lag_p50_ms_by_window": [round(w.get(sc.LOOP_LAG_P50_MS, 0), 1) for w in windows],
         "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -155,13 +155,20 @@ class StreamStall:
         own = self._own_per_chunk(streamed)
         if own is not None and own[1] >= 0.5 * pace:
             return self._per_chunk(route, own, head, stall, p50, requests, ctx)
-        waited = sum(_stream_loop_wait_ms(r) for r in streamed)
-        if waited >= self.culprit_share * excess:
-            return self._busy_loop(route, waited / len(streamed), head, stall, p50, streamed, requests, ctx)
-        evidence = (
-            f"{head}; the gateway's event loop does not explain them (no other work held it "
-            f"while the streams waited): the model server paused the streams"
-        )
+        # Else: the streams waited for the loop for a good part of it, with no one stage
+        # holding it (many short slices, GC, work of no request: loop-saturated's symptom;
+        # it was put on the model server before), or the loop explains nothing.
+        waited = sum(_stream_loop_wait_ms(r) for r in streamed) / len(streamed)
+        busy_loop = waited * len(streamed) >= self.culprit_share * excess
+        if busy_loop:
+            clause = (
+                f"the streams waited {ms(waited)} each for the event loop between chunks (their "
+                f"model stage's loop wait), with no one stage holding it: many short slices, "
+                f"garbage collection or work no request owns kept it busy"
+            )
+        else:
+            clause = ("the gateway's event loop does not explain them (no other work held it "
+                      "while the streams waited): the model server paused the streams")  # fmt: skip
         model_stage = next((s for s in streamed[0].stages if s.kind == semconv.KIND_MODEL), None)
         return finding(
             rule=self.id,
@@ -170,12 +177,18 @@ class StreamStall:
             function=function_of(model_stage),
             impact_ms=stall,
             route_p50_ms=p50,
-            evidence=evidence,
-            fix=fixes.chunked_prefill(),
+            evidence=f"{head}; {clause}",
+            fix=fixes.busy_loop_streams() if busy_loop else fixes.chunked_prefill(),
             requests=requests,
             ctx=ctx,
             model=None,
-            no_model_note="the model server's scheduling is outside the replay model",
+            no_model_note=(
+                "the replay models end-to-end latency, not per-chunk timing" if busy_loop
+                else "the model server's scheduling is outside the replay model"
+            ),
+            caused_by=(("loop-saturated", route, None),) if busy_loop else (),
+            folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)"
+            if busy_loop else None,
         )
 
     def _loop_culprit(
@@ -216,43 +229,6 @@ class StreamStall:
             model=replace(model, report_route=route) if model is not None else None,
             no_model_note=note,
             caused_by=(("cpu-on-loop", c_route, c_stage), ("blocking-call-on-loop", c_route, c_stage)),
-            folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)",
-        )
-
-    def _busy_loop(
-        self,
-        route: str,
-        waited: float,
-        head: str,
-        stall: float,
-        p50: float,
-        streamed: list[RequestRecord],
-        requests: Sequence[RequestRecord],
-        ctx: RuleContext,
-    ) -> Finding:
-        """The streams waited for the loop, and no one stage held it: many short slices,
-        garbage collection, work no request owns (the symptom of ``loop-saturated``, folded
-        into it when it fired). Before this, the stalls were put on the model server."""
-        clause = (
-            f"the streams waited {ms(waited)} each for the event loop between chunks (their "
-            f"model stage's loop wait), with no one stage holding it: many short slices, "
-            f"garbage collection or work no request owns kept it busy"
-        )
-        model_stage = next((s for s in streamed[0].stages if s.kind == semconv.KIND_MODEL), None)
-        return finding(
-            rule=self.id,
-            route=route,
-            stage=model_stage.name if model_stage is not None else None,
-            function=function_of(model_stage),
-            impact_ms=stall,
-            route_p50_ms=p50,
-            evidence=f"{head}; {clause}",
-            fix=fixes.busy_loop_streams(),
-            requests=requests,
-            ctx=ctx,
-            model=None,
-            no_model_note="the replay models end-to-end latency, not per-chunk timing",
-            caused_by=(("loop-saturated", route, None),),
             folded=f"this is also why {route}'s streams stall: {head.removeprefix(_STALLED)} (stream-stall)",
         )
 
