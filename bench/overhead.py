@@ -13,7 +13,7 @@ model with one real suspension, serialize). Variants:
 - tracekit-nogc: as tracekit, with the garbage collector paused (to measure its share)
 
 ``--compare`` runs chosen variants only, among them diagnostic ones (see ``_alter``):
-tracekit-unbuilt, tracekit-inline, tracekit-nowatchdog, tracekit-pythonpoll.
+tracekit-unbuilt, tracekit-inline, tracekit-starved, tracekit-nowatchdog, tracekit-pythonpoll.
 
 Time per request = (wall time of N requests + flushing everything queued) / N, and also
 process CPU time (all threads: span building and export included) / N. Variants run in
@@ -162,6 +162,8 @@ def _alter(runtime: tracing.Runtime, changes: str) -> None:
 
     - unbuilt:     finished requests are dropped, never built into spans (the request path alone)
     - inline:      spans are built and delivered on the request path, right after the response
+    - starved:     the loop thread never hands the GIL to the span-building thread
+                   (tracekit._export.tracing: Runtime._hand_over_gil)
     - nowatchdog:  no watchdog thread
     - pythonpoll:  the watchdog polls in Python, taking the GIL every 10 ms (its fallback when
                    tracekit/_core/_slicewatch.c is not built), instead of without the GIL
@@ -171,6 +173,8 @@ def _alter(runtime: tracing.Runtime, changes: str) -> None:
             runtime.submit = lambda request: request.release()  # type: ignore[method-assign]
         elif change == "inline":
             runtime.submit = _build_now(runtime)  # type: ignore[method-assign]
+        elif change == "starved":
+            runtime._hand_over_gil = lambda: setattr(runtime, "_due_at", tracing._NEVER)  # type: ignore[method-assign]
         elif change == "nowatchdog":
             runtime.watchdog = None
         elif change == "pythonpoll":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -44,10 +45,21 @@ def test_thread_cpu_reports_every_variant_by_thread() -> None:
 
 def test_compare_runs_the_diagnostic_variants() -> None:
     out = _run("bench/overhead.py", "--compare", "tracekit,tracekit-unbuilt,tracekit-inline,"
-               "tracekit-nowatchdog,tracekit-pythonpoll", "--requests", "300", "--rounds", "1")  # fmt: skip
+               "tracekit-starved,tracekit-nowatchdog,tracekit-pythonpoll", "--requests", "300",
+               "--rounds", "1")  # fmt: skip
     names = [line.split()[0] for line in out.splitlines()]
-    assert names == ["bare", "tracekit", "tracekit-unbuilt", "tracekit-inline", "tracekit-nowatchdog",
-                     "tracekit-pythonpoll"]
+    assert names == ["bare", "tracekit", "tracekit-unbuilt", "tracekit-inline", "tracekit-starved",
+                     "tracekit-nowatchdog", "tracekit-pythonpoll"]
+
+
+@pytest.mark.parametrize("starved", [False, True])
+def test_gil_hand_over_benchmark_reports_its_figures(starved: bool) -> None:
+    out = _run("bench/gil_hand_over.py", "--seconds", "0.5", *(["--starved"] if starved else []))
+    served = re.search(r"requests (\d+); hand-overs (\d+), missed (\d+)", out)
+    assert served and int(served[1]) > 0, out
+    assert "loop blocked by a hand-over:" in out and "builder late after its sleep:" in out
+    if starved:
+        assert served[2] == "0", out
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")

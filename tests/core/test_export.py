@@ -442,6 +442,80 @@ def test_a_starved_span_builder_is_helped_by_the_request_path(
     assert len([s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]) == 100
 
 
+class _TimedWake(threading.Event):
+    """The builder thread's wake-up event, timing how late each timed-out wait returned: the
+    time the builder waited for the GIL after its sleep was over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late_ms: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        started = time.monotonic()
+        woken = super().wait(timeout)
+        if not woken and timeout is not None:
+            self.late_ms.append((time.monotonic() - started - timeout) * 1000)
+        return woken
+
+
+def test_a_loop_that_never_idles_hands_the_gil_to_the_span_builder(otel_globals: None) -> None:
+    # A loop thread that releases the GIL only around zero-timeout selects starves any other
+    # thread of it on a quiet host (the builder waited 94 ms median after its sleep, in
+    # bench/thread_cpu.py's loop). A request finishing after the builder's sleep is over hands
+    # it the GIL: it is late by about LATE_S.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracekit.configure(exporter=None, tracer_provider=provider)
+    runtime = current.active_runtime
+    assert runtime is not None
+    wake = runtime._wake = _TimedWake()
+
+    @tracekit.stage("work")
+    async def work() -> None:
+        await asyncio.sleep(0)  # a suspension, no idle time: the select never blocks
+        sum(range(500))
+
+    async def busy(request: Request) -> JSONResponse:
+        await work()
+        return JSONResponse({})
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/busy", busy)]))
+    served = 0
+
+    async def main() -> None:
+        nonlocal served
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until and served < 100_000:
+            await call(app, http_scope("/busy"))
+            served += 1
+
+    asyncio.run(main())
+    late = sorted(wake.late_ms)
+    runtime.flush()
+    assert len(late) >= 10, late
+    assert late[len(late) // 2] < 10, late  # median; without the hand-over: tens of ms
+    # A busy host may have no core for the builder within HAND_OVER_WAIT_S (6 of 48 missed
+    # under the full suite's two workers); a hand-over that never woke it would miss them all.
+    assert runtime.hand_overs_missed <= runtime.hand_overs // 2
+    assert len([s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]) == served
+
+
+def test_a_hand_over_wakes_a_sleeping_builder_and_returns_once_it_runs(otel_globals: None) -> None:
+    # The backlog reached WAKE_AT while the builder sleeps: the hand-over wakes it rather
+    # than waiting out its sleep.
+    runtime = tracing.Runtime(None, None)
+    runtime._start_thread()
+    deadline = time.monotonic() + 5
+    while runtime._due_at == tracing._NEVER and time.monotonic() < deadline:  # it is asleep
+        time.sleep(0.001)
+    started = time.monotonic()
+    runtime._hand_over_gil()
+    assert runtime._running.is_set() and runtime.hand_overs_missed == 0
+    assert time.monotonic() - started < tracing.DRAIN_INTERVAL_S
+    runtime.shutdown()
+
+
 def test_flush_waits_for_a_helper_on_another_thread(otel_globals: None) -> None:
     runtime = tracing.Runtime(None, None)
     runtime._helping = 1

@@ -4,7 +4,17 @@ Finished :class:`~tracekit._core.request_record.Request` records are appended to
 path (~0.1 µs) and turned into OpenTelemetry ``ReadableSpan`` objects on a background thread
 that wakes every ``DRAIN_INTERVAL_S`` (never per request: a wake-up per request would make the
 two threads fight for the GIL); only when the builder falls far behind a saturated loop does
-the request path build a couple of queued requests itself. The spans then go to the SDK span
+the request path build a couple of queued requests itself.
+
+A loop thread that never blocks starves any other thread of the GIL: CPython 3.11 signals a
+waiting thread at every release (each ``select``), the waiter wakes too late to take it, and
+it waits again with its 5 ms switch timer restarted, so the builder waited 94 ms (median) for
+the GIL after its timed sleep while the loop paid a futex wake-up per release (~15 µs of
+system time a request, ``bench/thread_cpu.py``). So the loop thread hands the GIL over: a
+request finishing after the builder's wait is over blocks until the builder holds the GIL
+(:meth:`Runtime._hand_over_gil`), and the builder gives it back after ``SLICE_S`` of
+building, to be handed it again. On a loop with idle time the builder takes the GIL itself
+and no hand-over happens. The spans then go to the SDK span
 processor (a
 ``BatchSpanProcessor`` exporting on its own thread) and to any active ``tracekit.record()``.
 
@@ -31,11 +41,21 @@ from tracekit._core.request_record import HANDED_ON, Request
 from tracekit._export import shutdown
 
 DRAIN_INTERVAL_S = 0.05
+# The builder builds this long at most before it gives the GIL back (below the interpreter's
+# 5 ms switch interval, after which the loop would take it back and the builder would starve
+# again), and waits as long before it asks for the GIL again.
+SLICE_S = 0.002
+# A finishing request hands the GIL over once the builder is this late: on a loop with idle
+# time the builder has taken it by then.
+LATE_S = 0.001
+# How long a hand-over waits for the builder to take the GIL (it is runnable: the wait ends in
+# microseconds unless the host has no core for it).
+HAND_OVER_WAIT_S = 0.002
 # The loop view's window (tracekit._core.loop_view): one tracekit.loop span per loop this often.
 LOOP_WINDOW_S = 1.0
-# Finished requests waiting for the span-building thread. At WAKE_AT the builder is woken
-# early. Past half of MAX_QUEUE it is losing the GIL to a saturated loop (a thread waiting for
-# the GIL rarely wins it from one that releases and retakes it around every select): the
+# Finished requests waiting for the span-building thread. At WAKE_AT the builder is handed the
+# GIL early. Past half of MAX_QUEUE it is falling behind anyway (a host with no core for it,
+# a slow span processor): the
 # submitting thread then builds the two oldest queued requests itself, so the backlog
 # shrinks instead of reaching MAX_QUEUE, where new requests would be dropped (counted in
 # Runtime.dropped, logged once): the bound on memory (~0.6 kB a request). The builder thread
@@ -50,6 +70,7 @@ HELP_COUNT = 2
 # response take milliseconds; a task a request starts to run for ever (a cache refresher
 # started lazily) is background after this long: its work until then is the request's.
 LINGER_S = 1.0
+_NEVER = float("inf")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -77,6 +98,8 @@ class Runtime:
         self.block_threshold_ms = block_threshold_ms
         self.owns_processor = owns_processor
         self.dropped = 0
+        self.hand_overs = 0  # the GIL handed to the builder thread (_hand_over_gil) ...
+        self.hand_overs_missed = 0  # ... and those it did not take within HAND_OVER_WAIT_S
         self._queue: deque[Request] = deque()
         # Spans of other instrumentation in traces this runtime's requests enrich, with the
         # processor chain they ended in (tracekit._export.composition), for the builder thread.
@@ -87,6 +110,11 @@ class Runtime:
         self._count_lock = threading.Lock()
         self._helping = 0  # submitters building queued requests right now (see _help)
         self._wake = threading.Event()
+        # When the builder thread's wait or its slice of building ends, plus LATE_S (monotonic):
+        # past it, the builder is waiting for the GIL. Set by the builder thread, and by a
+        # hand-over (when to hand over again if the builder has not said).
+        self._due_at = _NEVER
+        self._running = threading.Event()  # set by the builder thread once it holds the GIL
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._scope: Any = None
@@ -132,8 +160,9 @@ class Runtime:
                 logger.warning("tracekit: span building cannot keep up; dropping traces (counted)")
             return
         queue.append(request)
-        if waiting == WAKE_AT:
-            self._wake.set()
+        due_at = self._due_at
+        if due_at != _NEVER and (waiting == WAKE_AT or time.monotonic() > due_at):
+            self._hand_over_gil()
         elif waiting >= MAX_QUEUE >> 1:
             self._help()
         if self._thread is None:
@@ -250,26 +279,57 @@ class Runtime:
             thread.start()
             shutdown.register_exit()
 
+    def _hand_over_gil(self) -> None:
+        """The builder thread is due (or the backlog reached ``WAKE_AT``), or was stopped
+        mid-slice: wake it and block, the GIL released, until it holds the GIL (it sets
+        ``_running`` when its wait ends, and after each request it builds)."""
+        self.hand_overs += 1
+        # Due again after a slice's time unless the builder, once it runs, says when: within
+        # a slice it may wait for the GIL again (an import's file reads, a processor's writes).
+        self._due_at = time.monotonic() + SLICE_S + LATE_S
+        running = self._running
+        running.clear()
+        self._wake.set()
+        if not running.wait(HAND_OVER_WAIT_S):
+            self.hand_overs_missed += 1
+            thread = self._thread
+            if thread is None or not thread.is_alive():  # stopped, or in a forked child
+                self._due_at = _NEVER
+
     def _run(self) -> None:
+        wait_s = DRAIN_INTERVAL_S
+        running = self._running
         while not self._stopped:
-            self._wake.wait(DRAIN_INTERVAL_S)
+            self._due_at = time.monotonic() + wait_s + LATE_S
+            self._wake.wait(wait_s)
+            running.set()
             self._wake.clear()
+            until = time.monotonic() + SLICE_S
+            self._due_at = until + LATE_S  # past it, the loop took the GIL back mid-slice
             if self._lingering:
                 self.expire_lingering()
-            self._drain()
+            unfinished = self._drain(until)
+            wait_s = SLICE_S if unfinished else DRAIN_INTERVAL_S
             if time.monotonic() - self._window_at >= LOOP_WINDOW_S:
                 self._loop_windows()
+        self._due_at = _NEVER
 
-    def _drain(self) -> None:
-        """Build every queued request (under the lock: a flush returns only after the
-        builder thread's drain, if one is under way, has delivered what it popped)."""
+    def _drain(self, until: float = _NEVER) -> bool:
+        """Build every queued request, or those until ``until`` (monotonic; then True), under
+        the lock: a flush returns only after the builder thread's drain, if one is under way,
+        has delivered what it popped."""
+        running = self._running
         with self._lock:
             while self._build_one():
-                pass
+                if not running.is_set():  # a hand-over waits for this thread to hold the GIL
+                    running.set()
+                if time.monotonic() > until:
+                    return True
             foreign = self._foreign
             while foreign:
                 span, chain = foreign.popleft()
                 self._deliver_foreign(span, chain)
+        return False
 
     def _build_one(self) -> bool:
         """Build and deliver the oldest queued request; False when none is queued."""
