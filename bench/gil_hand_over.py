@@ -4,9 +4,10 @@ Serves bench/overhead.py's app (four stages, one zero-time suspension a request:
 select never blocks) one request after another for ``--seconds``, traced, its spans to a
 ``SimpleSpanProcessor`` that drops them (no other thread wanting the GIL). Prints the requests
 served, the hand-overs (``tracekit._export.tracing.Runtime._hand_over_gil``) and those the
-builder did not take within ``HAND_OVER_WAIT_S``, how long each blocked the loop (until the
-builder's slice of building ended), and how late the builder returned from its sleeps (the
-time it waited for the GIL). ``--starved`` runs it with no hand-over (bench/overhead.py's
+builder did not take within ``HAND_OVER_WAIT_S``, the spans exported against the requests'
+five each (plus a ``tracekit.loop`` window span a second), how long each hand-over blocked the
+loop (until the builder's slice of building ended), and how late the builder returned from
+its sleeps (the time it waited for the GIL). ``--starved`` runs it with no hand-over (bench/overhead.py's
 ``tracekit-starved``). Run it beside busy processes to see a busy host
 (``python3 -c 'while 1: pass' &`` twice).
 
@@ -57,8 +58,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--starved", action="store_true", help="no hand-over")
     args = parser.parse_args()
+    exporter = overhead.DroppingExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(overhead.DroppingExporter()))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracekit.configure(tracer_provider=provider)
     runtime = current.active_runtime
     assert runtime is not None
@@ -87,7 +89,8 @@ def main() -> None:
 
     served = asyncio.run(serve())
     runtime.flush()
-    print(f"requests {served}; hand-overs {runtime.hand_overs}, missed {runtime.hand_overs_missed}")
+    print(f"requests {served}; hand-overs {runtime.hand_overs}, missed {runtime.hand_overs_missed}; "
+          f"spans {exporter.spans} of {served * 5}")  # 5 a request, and the loop's windows
     print(f"loop blocked by a hand-over: {quantiles(blocked_ms)}; in all {sum(blocked_ms):.1f} ms")
     print(f"builder late after its sleep: {quantiles(wake.late_ms)}")
 

@@ -52,14 +52,12 @@ def test_compare_runs_the_diagnostic_variants() -> None:
                      "tracekit-nowatchdog", "tracekit-pythonpoll"]
 
 
-@pytest.mark.parametrize("starved", [False, True])
-def test_gil_hand_over_benchmark_reports_its_figures(starved: bool) -> None:
-    out = _run("bench/gil_hand_over.py", "--seconds", "0.5", *(["--starved"] if starved else []))
-    served = re.search(r"requests (\d+); hand-overs (\d+), missed (\d+)", out)
-    assert served and int(served[1]) > 0, out
-    assert "loop blocked by a hand-over:" in out and "builder late after its sleep:" in out
-    if starved:
-        assert served[2] == "0", out
+def test_gil_hand_over_benchmark_runs_without_the_hand_over() -> None:
+    # with it: tests/core/test_export.py::test_a_loop_that_never_idles_hands_the_gil_to_the_span_builder
+    out = _run("bench/gil_hand_over.py", "--seconds", "0.5", "--starved")
+    served = re.search(r"requests (\d+); hand-overs 0, missed 0; spans (\d+) of (\d+)", out)
+    assert served and int(served[1]) > 0 and int(served[2]) >= int(served[3]), out
+    assert "loop blocked by a hand-over: none" in out and "builder late after its sleep:" in out
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")

@@ -3,20 +3,20 @@
 Finished :class:`~tracekit._core.request_record.Request` records are appended to a deque on the request
 path (~0.1 µs) and turned into OpenTelemetry ``ReadableSpan`` objects on a background thread
 that wakes every ``DRAIN_INTERVAL_S`` (never per request: a wake-up per request would make the
-two threads fight for the GIL); only when the builder falls far behind a saturated loop does
-the request path build a couple of queued requests itself.
+two threads fight for the GIL); only when the builder falls far behind (a host with no core
+for it, a slow span processor) does the request path build a couple of queued requests
+itself. The spans then go to the SDK span processor (a ``BatchSpanProcessor`` exporting on
+its own thread) and to any active ``tracekit.record()``.
 
 A loop thread that never blocks starves any other thread of the GIL: CPython 3.11 signals a
 waiting thread at every release (each ``select``), the waiter wakes too late to take it, and
-it waits again with its 5 ms switch timer restarted, so the builder waited 94 ms (median) for
-the GIL after its timed sleep while the loop paid a futex wake-up per release (~15 µs of
-system time a request, ``bench/thread_cpu.py``). So the loop thread hands the GIL over: a
-request finishing after the builder's wait is over blocks until the builder holds the GIL
-(:meth:`Runtime._hand_over_gil`), and the builder gives it back after ``SLICE_S`` of
+it waits again with its 5 ms switch timer restarted; the builder returned from its sleeps
+21-43 ms late (median; p90 up to 319 ms) while the loop paid a futex wake-up per release
+(``bench/gil_hand_over.py --starved``, docs/performance.md). So the loop thread hands the GIL
+over: a request finishing after the builder's wait is over blocks until the builder holds the
+GIL (:meth:`Runtime._hand_over_gil`), and the builder gives it back after ``SLICE_S`` of
 building, to be handed it again. On a loop with idle time the builder takes the GIL itself
-and no hand-over happens. The spans then go to the SDK span
-processor (a
-``BatchSpanProcessor`` exporting on its own thread) and to any active ``tracekit.record()``.
+and no hand-over happens.
 
 Shutdown is bounded: :mod:`tracekit._export.shutdown`.
 
@@ -302,12 +302,13 @@ class Runtime:
         while not self._stopped:
             self._due_at = time.monotonic() + wait_s + LATE_S
             self._wake.wait(wait_s)
+            self._due_at = _NEVER  # (the lingering requests handed on are submitted from here)
             running.set()
             self._wake.clear()
-            until = time.monotonic() + SLICE_S
-            self._due_at = until + LATE_S  # past it, the loop took the GIL back mid-slice
             if self._lingering:
                 self.expire_lingering()
+            until = time.monotonic() + SLICE_S
+            self._due_at = until + LATE_S  # past it, the loop took the GIL back mid-slice
             unfinished = self._drain(until)
             wait_s = SLICE_S if unfinished else DRAIN_INTERVAL_S
             if time.monotonic() - self._window_at >= LOOP_WINDOW_S:
