@@ -11,7 +11,8 @@ drives closed-loop load. Prints, per event loop:
   body written to the reply done, by its ``x-model-done-ns``: ``tests/loop/proxy.py``) and
   a direct probe (a separate process calling the model server one request at a time during
   the load);
-- the loop probe's lag and the model stage's wall time (how saturated the loop was);
+- the loop probe's lag and the model stage's wall time (how saturated the loop was), and its
+  queue and loop waits (mean);
 - the clients' latency beyond the request spans' wall time (the wait before a span begins)
   against the part of it tracekit measures (``tracekit.start_wait_ms``).
 
@@ -115,6 +116,9 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_uni
                                   / statistics.median(proxy.model_ms[served_before:]) - 1, 3)
         if len(proxy.model_ms) > served_before else None,  # streamed calls: no server time kept
         "model_stage_wall_p50_ms": round(statistics.median(a[sc.WALL_MS] for a in models), 1),
+        # the HTTP client's connection locks (anyio's, held across a yield to the loop)
+        "model_queue_wait_mean_ms": round(statistics.mean(a.get(sc.QUEUE_WAIT_MS, 0.0) for a in models), 1),
+        "model_loop_wait_mean_ms": round(statistics.mean(a.get(sc.LOOP_WAIT_MS, 0.0) for a in models), 1),
         "lag_p50_ms_by_window": [round(w.get(sc.LOOP_LAG_P50_MS, 0), 1) for w in windows],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }  # fmt: skip

@@ -15,7 +15,8 @@ Split of a ledger's wall time, each nanosecond counted once::
 - ``consumer``: async-generator stages only: time the consumer held a yielded item.
 - ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`).
 - ``queued``: suspended on a lock, semaphore, condition or queue: waiting for other tasks of
-  the process (:func:`tracekit._core.event_loop.waits_for_a_task`), not for I/O.
+  the process (:func:`tracekit._core.event_loop.waits_for_a_task`), not for I/O, until they
+  let go (the rest of the suspension, ready, is loop wait).
 - ``loop_wait``: estimated by :mod:`tracekit._core.event_loop` at each resumption.
 - ``wait``: the rest: suspended waiting on I/O / the model, or blocked off-CPU in a sync call.
 """
@@ -292,12 +293,13 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
     ``led``'s coroutine, suspended since ``led.suspended_at``.
 
     A suspension is one of: ready at once (a bare yield: a checkpoint): all loop wait; on a
-    lock, semaphore or queue: queue wait; anything else (I/O, mostly): the loop wait the
-    estimator gives, the rest wait. A checkpoint taken right before waiting for I/O is part
-    of that wait, not loop wait (and not noted as one): anyio's stream yields once after each
-    write, and after the request's body is written the model is already working. Only the
-    last checkpoint is: the ones before it come before a step that may still write (anyio's
-    yield after the headers comes before the body is sent, and the server waits for the body).
+    lock, semaphore or queue: the loop wait the estimator gives, the rest queue wait; anything
+    else (I/O, mostly): the loop wait the estimator gives, the rest wait. A checkpoint taken
+    right before waiting for I/O is part of that wait, not loop wait (and not noted as one):
+    anyio's stream yields once after each write, and after the request's body is written the
+    model is already working. Only the last checkpoint is: the ones before it come before a
+    step that may still write (anyio's yield after the headers comes before the body is sent,
+    and the server waits for the body).
     """
     suspended = led.suspended_at
     led.suspended_at = 0
@@ -309,9 +311,11 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
         led.checkpoint_at = suspended
         led.checkpoint_wait = held
     elif held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
-        led.queued += held
+        # Queue wait until the other task let go; from then on this one was ready, and the
+        # time until the loop resumed it is loop wait (estimated as for any suspension).
+        waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
+        led.queued += held - waited
         led.checkpoint_wait = 0
-        return
     else:
         waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
         checkpoint = led.checkpoint_wait
