@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -480,6 +482,43 @@ def test_a_hand_over_wakes_a_sleeping_builder_and_returns_once_it_runs(otel_glob
     assert runtime._running.is_set() and runtime.hand_overs_missed == 0
     assert time.monotonic() - started < tracing.DRAIN_INTERVAL_S
     runtime.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_builds_its_spans_on_a_builder_of_its_own(otel_globals: None) -> None:
+    # gunicorn --preload forks workers from a process that may have traced requests: the
+    # parent's builder thread does not run in the child, and a lock it held at the fork
+    # stays held there. The child starts its own builder, with its own locks.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracekit.configure(exporter=None, tracer_provider=provider)
+    runtime = current.active_runtime
+    assert runtime is not None
+    app = tracekit.TracekitMiddleware(gateway())
+    run_requests(app, 1)  # the parent's builder thread runs
+    runtime.flush()
+    assert runtime._thread is not None and runtime._thread.is_alive()
+    held = runtime._lock
+    held.acquire()  # as if the builder were draining at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when its requests' spans were built and flushed
+        signal.alarm(30)  # a hang fails the test instead of holding it
+        ok = False
+        try:
+            exporter.clear()
+            run_requests(app, 3)
+            deadline = time.monotonic() + 10
+            while (len([s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"]) < 3
+                   and time.monotonic() < deadline):  # fmt: skip
+                time.sleep(0.01)
+            built = len([s for s in exporter.get_finished_spans() if s.kind.name == "SERVER"])
+            ok = built == 3 and runtime.flush(2000) and runtime._thread.is_alive()
+        finally:
+            os._exit(0 if ok else 1)
+    held.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_flush_waits_for_a_helper_on_another_thread(otel_globals: None) -> None:

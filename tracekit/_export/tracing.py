@@ -26,6 +26,7 @@ imports the OpenTelemetry API only.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -270,6 +271,18 @@ class Runtime:
             until = shutdown.deadline() if deadline is None else deadline
             shutdown.bounded(self.processor.shutdown, until, "processor shutdown")
 
+    def after_fork(self) -> None:
+        """In a forked child only the thread that forked runs: the builder is the parent's,
+        and a lock another thread held at the fork stays held. Start afresh: the child's first
+        finished request starts its own builder (what was queued is built then)."""
+        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._helping = 0
+        self._wake = threading.Event()
+        self._running = threading.Event()
+        self._due_at = _NEVER
+        self._thread = None
+
     def _start_thread(self) -> None:
         with self._lock:
             if self._thread is not None:
@@ -293,7 +306,7 @@ class Runtime:
         if not running.wait(HAND_OVER_WAIT_S):
             self.hand_overs_missed += 1
             thread = self._thread
-            if thread is None or not thread.is_alive():  # stopped, or in a forked child
+            if thread is None or not thread.is_alive():  # stopped
                 self._due_at = _NEVER
 
     def _run(self) -> None:
@@ -417,6 +430,14 @@ class Runtime:
 # Open tracekit.record() captures. Process-wide, not per runtime, so that a middleware given
 # its own tracer_provider is recorded too.
 recorders: list[Callable[[list[Any]], None]] = []
+
+
+def _after_fork_in_child() -> None:
+    for runtime in list(shutdown.runtimes):
+        runtime.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def build_all() -> None:
