@@ -305,6 +305,15 @@ def _memory_provider(sampler: Any = None) -> tuple[TracerProvider, InMemorySpanE
     return provider, exporter
 
 
+def _configured_in_memory() -> tuple[tracing.Runtime, InMemorySpanExporter]:
+    """``configure()`` with a provider exporting to memory on the spot: its runtime, exporter."""
+    provider, exporter = _memory_provider()
+    tracekit.configure(exporter=None, tracer_provider=provider)
+    runtime = current.active_runtime
+    assert runtime is not None
+    return runtime, exporter
+
+
 def test_sampler_from_env_drops_requests_but_still_propagates(
         otel_globals: None, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
@@ -426,12 +435,7 @@ def test_a_starved_span_builder_is_helped_by_the_request_path(
     # 100,000-request soak dropped, docs/performance.md): past half of MAX_QUEUE queued
     # requests, each finished request builds the oldest two itself, so the backlog stops
     # growing and nothing is dropped.
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracekit.configure(exporter=None, tracer_provider=provider)
-    runtime = current.active_runtime
-    assert runtime is not None
+    runtime, exporter = _configured_in_memory()
     monkeypatch.setattr(runtime, "_start_thread", lambda: None)  # a builder that never runs
     monkeypatch.setattr(tracing, "MAX_QUEUE", 16)
     backlog = []
@@ -489,12 +493,7 @@ def test_a_forked_child_builds_its_spans_on_a_builder_of_its_own(otel_globals: N
     # gunicorn --preload forks workers from a process that may have traced requests: the
     # parent's builder thread does not run in the child, and a lock it held at the fork
     # stays held there. The child starts its own builder, with its own locks.
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracekit.configure(exporter=None, tracer_provider=provider)
-    runtime = current.active_runtime
-    assert runtime is not None
+    runtime, exporter = _configured_in_memory()
     app = tracekit.TracekitMiddleware(gateway())
     run_requests(app, 1)  # the parent's builder thread runs
     runtime.flush()
