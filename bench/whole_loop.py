@@ -42,6 +42,7 @@ import tracekit  # noqa: E402
 from tests.conftest import Server  # noqa: E402
 from tests.loop.proxy import ModelServer, Proxy, drive_load, thread_cpu_ns  # noqa: E402
 from tracekit import semconv as sc  # noqa: E402
+from tracekit._core import current  # noqa: E402
 from tracekit._export import tracing  # noqa: E402
 
 _PROBE = """
@@ -70,6 +71,8 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_uni
                 time.sleep(0.3)
                 tracing.flush_all()
                 before, served_before = len(rec.spans), len(proxy.model_ms)
+                runtime = current.active_runtime
+                hand_overs = runtime.hand_overs if runtime is not None else 0
                 cpu_before = thread_cpu_ns(proxy.loop_tid)
                 probe = subprocess.Popen([sys.executable, "-c", _PROBE, model.url, "4"],
                                          stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -79,6 +82,8 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_uni
                 direct = json.loads(probe.communicate(timeout=120)[0])
                 time.sleep(0.5)
                 cpu_after = thread_cpu_ns(proxy.loop_tid)
+                if runtime is not None:
+                    hand_overs = runtime.hand_overs - hand_overs
                 tracing.flush_all()
                 spans = rec.spans[before:]
             finally:
@@ -119,6 +124,8 @@ def run(loop: str, requests: int, concurrency: int, stream_every: int, parse_uni
         # the HTTP client's connection locks (anyio's, held across a yield to the loop)
         "model_queue_wait_mean_ms": round(statistics.mean(a.get(sc.QUEUE_WAIT_MS, 0.0) for a in models), 1),
         "model_loop_wait_mean_ms": round(statistics.mean(a.get(sc.LOOP_WAIT_MS, 0.0) for a in models), 1),
+        # the GIL handed to the span builder (tracekit._export.tracing: a loop that never idles)
+        "builder_hand_overs": hand_overs,
         "lag_p50_ms_by_window": [round(w.get(sc.LOOP_LAG_P50_MS, 0), 1) for w in windows],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }  # fmt: skip
