@@ -70,3 +70,10 @@ def test_throughput_benchmark_serves_and_exports(tmp_path: Path) -> None:
     # CPU a request, steadier than requests/s on a busy machine: tracekit's was under half
     # of the OTel middleware's in docs/performance.md's runs; 1 leaves a wide margin
     assert runs["tracekit"]["process_cpu_us"] < runs["otel"]["process_cpu_us"]
+
+
+def test_moved_call_delays_splits_the_time_beyond_the_call() -> None:
+    out = _run("bench/moved_call_delays.py", "--calls", "20")
+    assert "run-queue wait" in out
+    for part in ("worker start", "worker's wait for the GIL", "loop resuming the caller"):
+        assert re.search(rf"{part} +p50 [\d.]+ +p90 [\d.]+ +mean [\d.]+ ms", out), out

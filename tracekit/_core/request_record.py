@@ -64,8 +64,8 @@ class Request:
     # (``end``): background tasks, spend logging, clean-up. Not in the span's figures: the
     # span ended (tracekit._core.ledger.answered).
     after_cpu = 0
-    start_wait = 0  # ns from the server making its task to its first step (spawned.CREATED)
     after_cpu_off = 0  # the part of it off the loop thread (a sync background task's, in a pool)
+    start_wait = 0  # ns from the server making its task to its first step (spawned.CREATED)
     enrich: Any = None  # an already-active server span we add attributes to
     view: Any = None  # the loop view counting it in flight (tracekit._core.loop_view)
 

@@ -107,16 +107,8 @@ class Runtime:
         self._foreign: deque[tuple[Any, Any]] = deque()
         self.composed: Any = None  # the processor chain last hooked (composition.adopt)
         self._lingering: deque[tuple[float, Request]] = deque()  # (deadline, request), in order
-        self._lock = threading.Lock()  # held by a drain (the builder thread's, a flush's)
-        self._count_lock = threading.Lock()
-        self._helping = 0  # submitters building queued requests right now (see _help)
-        self._wake = threading.Event()
-        # When the builder thread's wait or its slice of building ends, plus LATE_S (monotonic):
-        # past it, the builder is waiting for the GIL. Set by the builder thread, and by a
-        # hand-over (when to hand over again if the builder has not said).
-        self._due_at = _NEVER
-        self._running = threading.Event()  # set by the builder thread once it holds the GIL
         self._thread: threading.Thread | None = None
+        self._threads_afresh()
         self._stopped = False
         self._scope: Any = None
         self._spans: Any = None  # tracekit._export.readable_spans, imported on first use (it imports the SDK)
@@ -271,16 +263,19 @@ class Runtime:
             until = shutdown.deadline() if deadline is None else deadline
             shutdown.bounded(self.processor.shutdown, until, "processor shutdown")
 
-    def after_fork(self) -> None:
-        """In a forked child only the thread that forked runs: the builder is the parent's,
-        and a lock another thread held at the fork stays held. Start afresh: the child's first
-        finished request starts its own builder (what was queued is built then)."""
-        self._lock = threading.Lock()
+    def _threads_afresh(self) -> None:
+        """The builder thread's state, none started (also in a forked child, where only the
+        thread that forked runs: the builder is the parent's, and a lock another thread held
+        at the fork stays held; the child's first finished request starts its own builder)."""
+        self._lock = threading.Lock()  # held by a drain (the builder thread's, a flush's)
         self._count_lock = threading.Lock()
-        self._helping = 0
+        self._helping = 0  # submitters building queued requests right now (see _help)
         self._wake = threading.Event()
-        self._running = threading.Event()
+        # When the builder thread's wait or its slice of building ends, plus LATE_S (monotonic):
+        # past it, the builder is waiting for the GIL. Set by the builder thread, and by a
+        # hand-over (when to hand over again if the builder has not said).
         self._due_at = _NEVER
+        self._running = threading.Event()  # set by the builder thread once it holds the GIL
         self._thread = None
 
     def _start_thread(self) -> None:
@@ -434,7 +429,7 @@ recorders: list[Callable[[list[Any]], None]] = []
 
 def _after_fork_in_child() -> None:
     for runtime in list(shutdown.runtimes):
-        runtime.after_fork()
+        runtime._threads_afresh()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
