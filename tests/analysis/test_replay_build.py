@@ -11,6 +11,7 @@ from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.replay.build import ProgramBuilder
 from tracekit.analysis.replay.fixes import ModelCall
+from tracekit.analysis.replay.host import FROM_TRACE, Host
 from tracekit.analysis.replay.memo import ProgramMemo
 from tracekit.analysis.replay.sim import DELAY, LOOP
 from tracekit.analysis.stats.intervals import StageTree
@@ -175,6 +176,43 @@ def test_a_recorded_example_gateway_request_replays_step_by_step() -> None:
                                     (721.909, 723.549), (884.661, 885.728)])  # fmt: skip
     total = sum(n[1] + n[2] if n[0] == LOOP else n[1] for n in program)
     assert total == pytest.approx(891.857 - waited, abs=1e-6)
+
+
+def test_cpu_outside_recorded_slices_holds_the_loop_for_its_waits_for_a_cpu() -> None:
+    """On a busy host the loop thread waits for a CPU inside each step: a recorded slice's wall
+    time holds that wait, the CPU of shorter steps does not, so the replay adds
+    ``cpu_wait`` ms per ms of it as the step's blocking part, taken out of the delays the
+    recording put it in (the request's recorded time is unchanged)."""
+    req = _example_gateway_request()
+
+    def loop_held(program: list) -> float:
+        return sum(n[1] + n[2] for n in program if n[0] == LOOP)
+
+    def total(program: list) -> float:
+        return sum(n[1] + n[2] if n[0] == LOOP else n[1] for n in program)
+
+    plain = ProgramBuilder(req, 0).program()
+    busy = ProgramBuilder(req, 0, cpu_wait=1.0).program()
+    # The model call's four resumptions (CPU not in a slice) hold the loop twice as long.
+    resumed = [n for n in plain if n[0] == LOOP and n[1] == pytest.approx(0.60675)]
+    assert len(resumed) == 4
+    assert [n for n in busy if n[0] == LOOP and n[1] == pytest.approx(0.60675)] == [
+        (LOOP, n[1], n[1]) for n in resumed
+    ]
+    # The recorded slices (the first step: the request's code, tokenize, the guardrail; the
+    # model call's first step) keep their recorded wall time: their waits are in it already.
+    slices = [(LOOP, 40.74, pytest.approx(10.138)), (LOOP, 1.374, 0.0)]
+    assert [n for n in plain if n[0] == LOOP and n[1] > 1] == slices
+    assert [n for n in busy if n[0] == LOOP and n[1] > 1] == slices
+    # serialize (0.049 ms of CPU in 0.05 ms) cannot hold the loop longer than it took.
+    assert busy[-2][1] + busy[-2][2] == pytest.approx(0.05)
+    assert loop_held(busy) > loop_held(plain)
+    assert total(busy) == pytest.approx(total(plain), abs=1e-6)
+
+
+def test_host_cpu_wait_is_read_from_the_loop_threads_cpu_share() -> None:
+    assert Host(2, FROM_TRACE, 2, 6, 1.0, 0.5).cpu_wait == pytest.approx(1.0)
+    assert Host(2, FROM_TRACE, 2, 6, 0.0, None).cpu_wait == 0.0  # not measured: none assumed
 
 
 def test_a_fix_reuses_the_nodes_it_does_not_touch() -> None:

@@ -133,8 +133,10 @@ def test_cores_come_from_the_trace_then_the_option_then_this_machine() -> None:
 
 def test_the_hosts_other_load_is_read_from_the_loops_wait_for_a_cpu() -> None:
     # The loop got 80% of a CPU while ready to run, on 2 cores: 1.5 other runnable threads.
-    # The as-recorded replay does not change; the tokenizer moved beside the loop gets less
-    # of a core than on a free host, so the projected gain is smaller.
+    # The as-recorded replay hardly changes (recorded slices hold their waits for a CPU; the
+    # CPU of unrecorded steps holds the loop 25% longer, out of its recorded delays); the
+    # tokenizer moved beside the loop gets less of a core than on a free host, so the
+    # projected gain is smaller.
     traced = _with_cpus(_system("cpu", clients=10), **{semconv.PROCESS_CPUS: 2})
     shares = {traced[0].service: 0.8}
     busy, _ = Replayer(ReplayConfig(), shares).project(traced, FIX)
@@ -143,7 +145,7 @@ def test_the_hosts_other_load_is_read_from_the_loops_wait_for_a_cpu() -> None:
     assert busy["model"]["loop_cpu_share"] == 0.8
     assert lone_rate(2, busy["model"]["host_others"]) == pytest.approx(0.8, abs=0.01)
     assert "host_others" not in free["model"]
-    assert busy["p50_ms"][0] == free["p50_ms"][0]
+    assert busy["p50_ms"][0] == pytest.approx(free["p50_ms"][0], rel=0.02)
     assert busy["p50_ms"][1] > 1.05 * free["p50_ms"][1]
     # --cores says the cores free for the gateway: the trace's reading is not used.
     given, _ = Replayer(ReplayConfig(cores=2), shares).project(traced, FIX)

@@ -36,7 +36,14 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.build import ProgramBuilder
 from tracekit.analysis.replay.fixes import FIX_ACTIONS, PROCESSES, THREADS, Fix, ModelCall, not_applied_note
-from tracekit.analysis.replay.host import FROM_MACHINE, quantile_range, statement, throughput_range, widen
+from tracekit.analysis.replay.host import (
+    FROM_MACHINE,
+    Host,
+    quantile_range,
+    statement,
+    throughput_range,
+    widen,
+)
 from tracekit.analysis.replay.memo import ProgramMemo
 from tracekit.analysis.replay.run import (
     Loops,
@@ -435,26 +442,26 @@ class Replayer:
             self._loops = Loops(self._reqs, config.arrivals, config.closed_loop_gap_ms,
                                 config.closed_loop_fraction, config.cores,
                                 config.thread_pool_size, self._cpu_shares)  # fmt: skip
-        return simulate(self._loops, lambda req: self._program(req, fix, calls, variant), capacities)
+        return simulate(self._loops, lambda req, host: self._program(req, host, fix, calls, variant),
+                        capacities)  # fmt: skip
 
-    def _program(
-        self, req: RequestRecord, fix: Fix | None, calls: dict[str, ModelCall], variant: Any
-    ) -> list[Node]:
-        """A request's program; cached unless ``fix`` changes this request's own code (a
-        model-overlap fix changes capacities only: its programs are its baseline's, the
-        ``variant`` naming which model calls are held)."""
+    def _program(self, req: RequestRecord, host: Host, fix: Fix | None, calls: dict[str, ModelCall],
+                 variant: Any) -> list[Node]:  # fmt: skip
+        """A request's program on ``host``; cached unless ``fix`` changes this request's own
+        code (a model-overlap fix changes capacities only: its programs are its baseline's,
+        the ``variant`` naming which model calls are held)."""
         memo = self._memos.get(id(req))
         if memo is None:
             memo = self._memos[id(req)] = ProgramMemo()
         if fix is not None and fix.action != "model_overlap" and req.route == fix.route:
-            builder = ProgramBuilder(req, 0, fix, calls, memo)
+            builder = ProgramBuilder(req, 0, fix, calls, memo, host.cpu_wait)
             fixed = builder.program()
             self._applied = self._applied or builder.applied
             return fixed
         key = (id(req), variant)
         program = self._programs.get(key)
         if program is None:
-            builder = ProgramBuilder(req, 0, None, calls, memo)
+            builder = ProgramBuilder(req, 0, None, calls, memo, host.cpu_wait)
             program = self._programs[key] = builder.program()
         return program
 

@@ -83,6 +83,9 @@ class ProgramBuilder:
         model_calls: span id -> :class:`ModelCall`, for the model-server variant.
         memo: the request's :class:`ProgramMemo`, to reuse what earlier builds of it made
             (``None``: build everything).
+        cpu_wait: ms the loop thread waited for a CPU per ms of CPU, on the recorded host
+            (:attr:`~tracekit.analysis.replay.host.Host.cpu_wait`): CPU outside recorded
+            slices holds the loop this much longer, as a blocking part of its step.
 
     Cost: O(stages + slices + waits) with sorting, without a memo; with one, a fix costs
     only the nodes it touches.
@@ -95,8 +98,10 @@ class ProgramBuilder:
         fix: Fix | None = None,
         model_calls: dict[str, ModelCall] | None = None,
         memo: ProgramMemo | None = None,
+        cpu_wait: float = 0.0,
     ) -> None:
         self.req = req
+        self.cpu_wait = cpu_wait
         if memo is not None and memo.tree is None:
             memo.tree = StageTree(req)
         tree = memo.tree if memo is not None else None
@@ -146,7 +151,7 @@ class ProgramBuilder:
         later = sorted(s for s in req.loop_slices if s[0] >= req.end_ns)
         held = sum(b - a for a, b in later) / MS
         if held <= 0:
-            return [loop_node(self.fix, cpu_ms, 0.0, targeted)]
+            return [self._cpu_node(cpu_ms, targeted)]
         scale = cpu_ms / held
         nodes: list[Node] = []
         at = req.end_ns
@@ -158,7 +163,6 @@ class ProgramBuilder:
             nodes.append(loop_node(self.fix, wall * scale, max(0.0, wall - wall * scale), targeted))
             at = max(at, b)
         return nodes
-
 
     # --- nodes ----------------------------------------------------------------------------
     def _node(
@@ -225,7 +229,7 @@ class ProgramBuilder:
             free_ns = max(0, (end - start) - overlap(start, end, waits))
             first = []
             if free_ns <= 0 and leftover > 0:
-                first.append(Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
+                first.append(Block(None, [self._cpu_node(leftover, targeted)]))
             share = leftover * free_ns / free_ns if free_ns > 0 else 0.0
             pieces = [p for p in slices if start <= p[0] < end]
             items = self._gap(start, end, pieces, waits, gil_share, share, targeted)
@@ -248,7 +252,7 @@ class ProgramBuilder:
             leftover -= per * len(resumes)
         blocks: list[Block] = []
         if gap_total <= 0 and leftover > 0:
-            blocks.append(Block(None, [loop_node(self.fix, leftover, 0.0, targeted)]))
+            blocks.append(Block(None, [self._cpu_node(leftover, targeted)]))
         gap_slices = subtract(slices, spans) if spans else slices
         # Gaps and clusters alternate: gap, cluster, gap, ..., cluster, gap.
         sequence: list[tuple[int, int, list[StageRecord] | None]] = [(*gap_list[0], None)]
@@ -296,14 +300,22 @@ class ProgramBuilder:
         self.applied = self.applied or out is not blocks
         return out
 
+    def _cpu_node(self, cpu_ms: float, targeted: bool) -> Node:
+        """A step of ``cpu_ms`` CPU not covered by a recorded slice: a slice's wall time holds
+        the loop thread's waits for a CPU on a busy host, this CPU's does not. Without them
+        the proxy-shaped validation gateway on a shared host (a 21 ms blocking call a request,
+        the loop thread getting 53% of a CPU) replayed 2.5x less loop wait than recorded."""
+        return loop_node(self.fix, cpu_ms, cpu_ms * self.cpu_wait, targeted)
+
     def _leaf(self, start: int, end: int, cpu_ms: float, waits: list[Interval], targeted: bool) -> list[Node]:
         waited = sum(min(b, end) - max(a, start) for a, b in waits if min(b, end) > max(a, start))
         free = max(0.0, (end - start - waited) / MS)
-        cpu_ms = min(cpu_ms, free)  # CPU cannot take longer than the time it had
-        delay = free - cpu_ms
+        held = 1.0 + self.cpu_wait  # the loop held per ms of CPU: its waits for a CPU included
+        cpu_ms = min(cpu_ms, free / held)  # CPU cannot take longer than the time it had
+        delay = free - cpu_ms * held
         items: list[Node] = []
         if cpu_ms > 0:
-            items.append(loop_node(self.fix, cpu_ms, 0.0, targeted))
+            items.append(self._cpu_node(cpu_ms, targeted))
         if delay >= TINY_MS or not items:
             items.append((DELAY, delay))  # else the code goes on in the same step
         return items
@@ -343,23 +355,25 @@ class ProgramBuilder:
         if b > cursor:
             items.append((DELAY, free_ms(cursor, b, waits)))
             delays.append(len(items) - 1)
-        # The unrecorded CPU ran in this gap: its time comes out of the delays.
-        extra_cpu = min(extra_cpu, sum(items[i][1] for i in delays))
+        # The unrecorded CPU ran in this gap: its time (its waits for a CPU included) comes
+        # out of the delays.
+        held = 1.0 + self.cpu_wait
+        extra_cpu = min(extra_cpu, sum(items[i][1] for i in delays) / held)
         if extra_cpu <= TINY_MS:
             return items
         # The gap's first step gets a share, unless it is a resumption or a recorded slice.
         begins = resumed[:1] + [p[0] for p in pieces]
         first = not steps or all(t - a >= FOLLOW_NS for t in begins)
         per = extra_cpu / (len(steps) + first)
-        left = extra_cpu
+        left = extra_cpu * held
         for i in sorted(delays, key=lambda i: -items[i][1]):
             take = min(left, items[i][1])
             items[i] = (DELAY, items[i][1] - take)
             left -= take
         for i in steps:
-            items[i] = loop_node(self.fix, per, 0.0, targeted)
+            items[i] = self._cpu_node(per, targeted)
         if first:
-            items.insert(0, loop_node(self.fix, per, 0.0, targeted))
+            items.insert(0, self._cpu_node(per, targeted))
         return items
 
     def _cluster(
@@ -378,7 +392,7 @@ class ProgramBuilder:
         entries: list[tuple[int, int, Any]] = [(m.start_ns, m.end_ns, m) for m in members]
         entries += [(p[0], p[1], None) for p in pieces]
         # A resumption of the parent's code: CPU (ms) at a point in time, after a loop wait.
-        entries += [(t, t + round(cpu * MS), cpu) for t, cpu in resumes]
+        entries += [(t, t + round(cpu * (1.0 + self.cpu_wait) * MS), cpu) for t, cpu in resumes]
         entries.sort(key=lambda e: (e[0], e[1]))
         chains: list[tuple[int, Blocks]] = []  # (last end, the chain's blocks)
         for start, end, member in entries:
@@ -397,7 +411,7 @@ class ProgramBuilder:
                 gil, block = held * gil_share, held * (1 - gil_share)
                 blocks.append((None, [loop_node(self.fix, gil, block, targeted)]))
             elif isinstance(member, float):
-                blocks.append((None, [loop_node(self.fix, member, 0.0, targeted)]))
+                blocks.append((None, [self._cpu_node(member, targeted)]))
             else:
                 blocks.append((member, self._child(member)))
             chains[i] = (max(last, end), blocks)

@@ -76,6 +76,15 @@ class Host:
     others: float = 0.0
     loop_cpu_share: float | None = None
 
+    @property
+    def cpu_wait(self) -> float:
+        """ms the loop thread waited for a CPU per ms of CPU it ran, from ``loop_cpu_share``
+        (0 where not measured). A recorded slice holds this wait in its wall time; the CPU of
+        steps too short to be recorded as slices does not, and the replay adds it
+        (:class:`~tracekit.analysis.replay.build.ProgramBuilder`)."""
+        share = self.loop_cpu_share
+        return 1.0 / share - 1.0 if share is not None and 0 < share < 1 else 0.0
+
 
 def cpu_count(value: object) -> int | None:
     """A CPU count read from an attribute: a positive int (or its text, as

@@ -85,14 +85,14 @@ class Loops:
 
 def simulate(
     loops: Loops,
-    program: Callable[[RequestRecord], list[Node]],
+    program: Callable[[RequestRecord, Host], list[Node]],
     capacities: dict[str, int | None],
 ) -> Run:
     """Replay ``loops``' requests, each as ``program(request)``, one simulation per service.
 
     Args:
         loops: the sample, grouped, with each service's host (cores, thread pool).
-        program: the program of a request (as recorded, or with a fix).
+        program: the program of a request (as recorded, or with a fix) on its service's host.
         capacities: slots per HOLD resource; the pools' (:data:`THREADS`,
             :data:`PROCESSES`) default to the service's host when absent or ``None``.
 
@@ -103,8 +103,8 @@ def simulate(
     for service, loop in loops.services.items():
         if loop.mixed:
             run.multi_loop.append(service)
-        programs = [program(loops.reqs[i]) for i in loop.indexes]
         host = loop.host
+        programs = [program(loops.reqs[i], host) for i in loop.indexes]
         caps = {**capacities, THREADS: capacities.get(THREADS) or host.thread_pool_size,
                 PROCESSES: capacities.get(PROCESSES) or host.cores}  # fmt: skip
         sim = Simulation(host.cores, caps, frozenset((THREADS, PROCESSES)), host.others)
