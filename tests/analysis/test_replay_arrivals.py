@@ -21,7 +21,7 @@ from starlette.routing import Route
 import tracekit
 from tests.analysis.factories import Job, Op, request, simulate_gateway
 from tracekit.analysis.replay import ReplayConfig, Replayer
-from tracekit.analysis.replay.arrivals import CLOSED_DISPERSION, arrivals, in_flight
+from tracekit.analysis.replay.arrivals import CLOSED_DISPERSION, _expected_gap, arrivals, in_flight
 
 ROUTE = "POST /v1/chat"
 
@@ -103,6 +103,35 @@ def test_clients_that_think_are_chained_by_their_think_time() -> None:
 
 
 # --- real recordings: uvicorn on 127.0.0.1, a closed loop and a Poisson load --------------------
+def test_open_arrivals_that_queued_behind_a_busy_loop_arrived_before_they_started() -> None:
+    """Requests that started back to back after a 60 ms blocking call arrived during it (their
+    sockets waited for the loop): each is read as ready an expected Poisson gap after the one
+    before it, within the busy period and before its start; one that started on an idle loop
+    was ready at its start."""
+    route = "POST /chat"
+    first = request(route, 0, 70, slices=[(0, 60)])  # holds the loop 60 ms
+    queued = [request(route, 60 + 2 * k, 100 + 2 * k, slices=[(60 + 2 * k, 62 + 2 * k)]) for k in range(3)]
+    idle = request(route, 400, 420, slices=[(400, 401)])  # the loop idle for 300 ms before it
+    group = [first, *queued, idle]
+    plan = arrivals(group, first.start_ns, "open", 1.0, 0.5)
+    assert not plan.chains
+    ready = [plan.ready[i] for i in range(len(group))]
+    assert ready[0] == 0.0 and ready[-1] == pytest.approx(400.0)
+    assert 0 < ready[1] < ready[2] < ready[3] < 60  # during the blocking call, in order
+    # Five arrivals in 400 ms: a mean gap of 100 ms, so within a 60 ms window the expected
+    # gap is less than half of it.
+    assert ready[1] == pytest.approx(_expected_gap(4 / 400e6, 60e6) / 1e6, rel=1e-3)
+    assert ready[1] < 30
+
+
+def test_the_expected_gap_within_a_window() -> None:
+    rate = 1 / 50e6  # one arrival in 50 ms on average, per ns
+    assert _expected_gap(rate, 1e3) == pytest.approx(500, rel=1e-3)  # a short window: its middle
+    assert _expected_gap(rate, 1e12) == pytest.approx(50e6)  # a long one: the mean gap
+    assert 0 < _expected_gap(rate, 50e6) < 25e6  # earlier than the middle: gaps are short more often
+    assert _expected_gap(rate, 0.0) == 0.0
+
+
 def _app() -> Any:
     @tracekit.stage("work")
     def work() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
 from tracekit.analysis.replay.host import cpu_count, others_of, quantile_range
-from tracekit.analysis.replay.sim import lone_rate
+from tracekit.analysis.replay.sim import LOOP, Simulation, lone_rate
 from tracekit.analysis.rules.common import finding
 from tracekit.analysis.rules.findings import RuleContext, assess_severity, severity_for
 from tracekit.cli import main
@@ -299,3 +300,18 @@ def test_jaeger_process_tags_and_otlp_resources_reach_the_request_spans() -> Non
     server, inner = _trace_spans(trace, ReadStats(), "test")
     assert server.attributes[semconv.PROCESS_CPUS] == 6
     assert semconv.PROCESS_CPUS not in inner.attributes  # only spans that can be requests
+
+
+@pytest.mark.parametrize("rate_per_s", [20, 30, 40])
+def test_the_loop_queues_requests_as_queueing_theory_says(rate_per_s: int) -> None:
+    """One 20 ms step a request on the loop, Poisson arrivals: an M/D/1 queue, whose mean
+    wait is rho * S / (2 (1 - rho)) (6.7, 15 and 40 ms at 20, 30 and 40 a second)."""
+    service_ms, rng, at, arrivals = 20.0, random.Random(2), 0.0, []
+    for _ in range(20_000):
+        at += rng.expovariate(rate_per_s / 1000)
+        arrivals.append(at)
+    sim = Simulation(cores=16, capacities={})
+    sim.run([[(LOOP, 0.0, service_ms)]] * len(arrivals), arrivals)
+    waited = statistics.mean(first - arrived for first, arrived in zip(sim.first_run, arrivals, strict=True))
+    rho = rate_per_s * service_ms / 1000
+    assert waited == pytest.approx(rho * service_ms / (2 * (1 - rho)), rel=0.1)

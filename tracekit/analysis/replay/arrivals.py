@@ -32,10 +32,21 @@ actually preceded in the queue. Two estimates of the real ready time:
   each end to the later starts: the think time, within a few ms (:func:`_paced`). Where the
   peak holds at least half the requests and stands well above the gaps around it, each end
   is chained to the start whose gap is nearest the peak.
-- **Open arrivals**: if the loop was busy right up to the recorded start (a busy run of
-  recorded slices, joined across gaps under 1 ms, ending at the start), the request became
-  ready at an unknown time within that run: assume the middle (the core's loop-wait
-  estimator makes the same assumption, DESIGN §1).
+- **Open arrivals** (:func:`_open_ready`): a request that started while the loop was idle
+  was ready at its start. One that started while the loop was busy (its recorded slices and
+  waits, joined across gaps under 1 ms, covering the millisecond before the start) waited in
+  the socket since some time after the previous request arrived and after that busy period
+  began, and before its start: for Poisson arrivals at the recorded rate, the expected gap to
+  it, an exponential time conditioned on ending before the start. During a burst the loop
+  starts requests at its own pace, long after they arrived. Against the load generator's own
+  send times (``bench/replay_arrivals.py``; the blocking-call validation gateway at 20/s), the
+  earlier estimate, the middle of the busy run of recorded slices before the start, was 8.2 ms
+  late on average with a p95 error of 39 ms (13.5 and 62 ms beside two CPU hogs), this one
+  0.9 and 23 ms (2.0 and 38 ms); the as-recorded replay's p95 came out −5% and −0% (it was
+  −32% and −37% on such traces with the earlier estimate). The loop's busy periods include the
+  recorded waits: recorded slices alone leave gaps where short steps ran, and read a
+  saturated loop as idle. A closed loop's first requests (not chained) keep the earlier
+  estimate.
 
 Which: **the chains first, then a think-time peak, then the requests in flight**. A closed
 loop of ``N`` independent clients holds about ``N`` requests in flight throughout (each
@@ -58,6 +69,7 @@ loop to its end.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
@@ -162,6 +174,8 @@ class BusyIndex:
             self._cum.append(self._cum[-1] + (b - a))
         self.runs = _join(merge(slices), GAP_NS)
         self._run_starts = [a for a, _ in self.runs]
+        self.periods = _join(self.busy, GAP_NS)
+        self._period_starts = [a for a, _ in self.periods]
 
     def covered(self, start: int, end: int) -> int:
         """Busy ns within [start, end]."""
@@ -173,6 +187,14 @@ class BusyIndex:
             return 0
         a, b = self.busy[i - 1]
         return self._cum[i - 1] + (min(t, b) - a)
+
+    def period_before(self, t: int) -> int | None:
+        """The start of the busy period (``busy`` joined across gaps under 1 ms) that covers
+        the millisecond before ``t``, or ``None`` if the loop was idle in it."""
+        i = bisect_right(self._period_starts, t - GAP_NS) - 1
+        if i < 0 or self.periods[i][1] < t - GAP_NS:
+            return None
+        return self.periods[i][0]
 
     def run_before(self, t: int) -> int:
         """Length of the busy run that reaches ``t`` (ends at most 1 ms before it), up to ``t``."""
@@ -246,12 +268,49 @@ def arrivals(
             chains = {p: (s, min(idle, capped)) for p, (s, idle) in chains.items()}
             chains.update(_pair_leftovers(group, chains, capped))
     chained = {succ for succ, _ in chains.values()}
+    first = [i for i in range(len(group)) if i not in chained]
+    if not chains:
+        return Arrivals(_open_ready(group, first, busy, t0_ns), chains, flight, read_by, think)
     ready: dict[int, float] = {}
-    for i, req in enumerate(group):
-        if i not in chained:
-            waited = busy.run_before(req.start_ns) // 2
-            ready[i] = (req.start_ns - waited - t0_ns) / _MS
+    for i in first:  # each closed-loop client's first request: the middle of the busy run
+        waited = busy.run_before(group[i].start_ns) // 2
+        ready[i] = (group[i].start_ns - waited - t0_ns) / _MS
     return Arrivals(ready, chains, flight, read_by, think)
+
+
+def _open_ready(
+    group: list[RequestRecord], indexes: list[int], busy: BusyIndex, t0_ns: int
+) -> dict[int, float]:
+    """Ready times (ms from ``t0_ns``) of open arrivals (the module docstring)."""
+    order = sorted(indexes, key=lambda i: group[i].start_ns)
+    span = group[order[-1]].start_ns - group[order[0]].start_ns if order else 0
+    rate = (len(order) - 1) / span if span > 0 else 0.0  # arrivals per ns
+    ready: dict[int, float] = {}
+    previous: float | None = None
+    for i in order:
+        start = group[i].start_ns
+        began = busy.period_before(start)
+        at = float(start)
+        if began is not None and previous is not None and rate > 0:
+            low = max(previous, float(began))
+            at = min(at, low + _expected_gap(rate, at - low))
+        if previous is not None:
+            at = max(at, previous)  # arrivals keep their order (the ready queue is FIFO)
+        ready[i] = (at - t0_ns) / _MS
+        previous = at
+    return ready
+
+
+def _expected_gap(rate: float, within: float) -> float:
+    """E[X | X <= within] for X exponential at ``rate``: when an arrival known to come
+    within ``within`` of the last one is expected (``within / 2`` for a short window, the
+    mean gap ``1 / rate`` for a long one)."""
+    x = rate * within
+    if x <= 0:
+        return 0.0
+    if x < 1e-6:
+        return within / 2
+    return 1 / rate - within * math.exp(-x) / -math.expm1(-x)
 
 
 def _chains(
@@ -327,7 +386,7 @@ def _paced(
 
 def _think(pred: RequestRecord, succ: RequestRecord, busy: BusyIndex, idle_ms: float) -> float:
     # A slow client's own think time: the gap less the successor's estimated wait for the
-    # loop (half the busy run before its start, as for open arrivals), within [the loop's
+    # loop (half the busy run before its start, as for a closed loop's first requests), within [the loop's
     # idle time in the gap (the successor was not ready while the loop idled), the gap].
     gap = (succ.start_ns - pred.end_ns) / _MS
     waited = busy.run_before(succ.start_ns) / 2 / _MS
