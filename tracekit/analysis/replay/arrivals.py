@@ -386,8 +386,9 @@ def _paced(
 
 def _think(pred: RequestRecord, succ: RequestRecord, busy: BusyIndex, idle_ms: float) -> float:
     # A slow client's own think time: the gap less the successor's estimated wait for the
-    # loop (half the busy run before its start, as for a closed loop's first requests), within [the loop's
-    # idle time in the gap (the successor was not ready while the loop idled), the gap].
+    # loop (half the busy run before its start, as for a closed loop's first requests),
+    # within [the loop's idle time in the gap (the successor was not ready while the loop
+    # idled), the gap].
     gap = (succ.start_ns - pred.end_ns) / _MS
     waited = busy.run_before(succ.start_ns) / 2 / _MS
     return min(gap, max(idle_ms, gap - waited))
