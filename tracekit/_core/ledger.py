@@ -310,16 +310,15 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
         waited = held
         led.checkpoint_at = suspended
         led.checkpoint_wait = held
-    elif held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
-        # Queue wait until the other task let go; from then on this one was ready, and the
-        # time until the loop resumed it is loop wait (estimated as for any suspension).
-        waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
-        led.queued += held - waited
-        led.checkpoint_wait = 0
     else:
         waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
-        checkpoint = led.checkpoint_wait
-        if checkpoint:
+        if held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
+            # Queue wait until the other task let go; from then on this one was ready, and
+            # the time until the loop resumed it is loop wait (as for any suspension).
+            led.queued += held - waited
+            led.checkpoint_wait = 0
+        elif led.checkpoint_wait:
+            checkpoint = led.checkpoint_wait
             led.checkpoint_wait = 0
             if suspended - (led.checkpoint_at + checkpoint) < CHECKPOINT_GAP_NS:  # right before it
                 led.loop_wait -= checkpoint

@@ -40,10 +40,10 @@ actually preceded in the queue. Two estimates of the real ready time:
   it, an exponential time conditioned on ending before the start. During a burst the loop
   starts requests at its own pace, long after they arrived. Against the load generator's own
   send times (``bench/replay_arrivals.py``; the blocking-call validation gateway at 20/s), the
-  earlier estimate, the middle of the busy run of recorded slices before the start, was 8.2 ms
-  late on average with a p95 error of 39 ms (13.5 and 62 ms beside two CPU hogs), this one
-  0.9 and 23 ms (2.0 and 38 ms); the as-recorded replay's p95 came out −5% and −0% (it was
-  −32% and −37% on such traces with the earlier estimate). The loop's busy periods include the
+  earlier estimate, the middle of the busy run of recorded slices before the start, was
+  11-13 ms late on average with a p95 error of 50-54 ms, this one 1-2 and 30-31 ms; replayed
+  as recorded with each, the p95 came out −39% to −45% and −12% to −14% (−17% to −18% with
+  the send times themselves; figures in docs/analyzer-rules.md). The loop's busy periods include the
   recorded waits: recorded slices alone leave gaps where short steps ran, and read a
   saturated loop as idle. A closed loop's first requests (not chained) keep the earlier
   estimate.

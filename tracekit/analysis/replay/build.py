@@ -302,10 +302,8 @@ class ProgramBuilder:
 
     def _cpu_node(self, cpu_ms: float, targeted: bool) -> Node:
         """A step of ``cpu_ms`` CPU not covered by a recorded slice: a slice's wall time holds
-        the loop thread's waits for a CPU on a busy host, this CPU's does not. Without them,
-        on the blocking-call validation gateway on a shared host (the loop thread getting 53%
-        of a CPU), the replay made 26 ms of loop wait a request, with them 36, against 67
-        recorded (docs/analyzer-rules.md, the host's other load)."""
+        the loop thread's waits for a CPU on a busy host, this CPU's does not (the figures:
+        docs/analyzer-rules.md, the host's other load)."""
         return loop_node(self.fix, cpu_ms, cpu_ms * self.cpu_wait, targeted)
 
     def _leaf(self, start: int, end: int, cpu_ms: float, waits: list[Interval], targeted: bool) -> list[Node]:
