@@ -19,7 +19,7 @@ from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
-from tracekit.analysis.replay.host import cpu_count, others_of, quantile_range
+from tracekit.analysis.replay.host import cpu_count, others_of, quantile_range, widen
 from tracekit.analysis.replay.sim import LOOP, Simulation, lone_rate
 from tracekit.analysis.rules.common import finding
 from tracekit.analysis.rules.findings import RuleContext, assess_severity, severity_for
@@ -108,6 +108,15 @@ def test_the_as_recorded_replay_stays_within_its_sampling_range() -> None:
     for q in (0.5, 0.95):
         lo, hi = quantile_range(simulated, q)
         assert lo <= percentile([r.wall_ms for r in records], q) <= hi
+
+
+def test_the_range_allows_the_replays_error_on_the_recording_either_way() -> None:
+    # The range is read against the replay's own before: a replay 20% faster than the
+    # recording may be 20% off after the fix in either direction (the fix may remove what
+    # the model missed, or bring what it does not model), whichever the error's sign.
+    assert widen((100.0, 110.0), -0.2) == [83.333, 132.0]
+    assert widen((100.0, 110.0), 0.2) == [83.333, 132.0]
+    assert widen((100.0, 110.0), 0.0) == [100.0, 110.0]
 
 
 def _with_cpus(records: list[RequestRecord], **attributes: Any) -> list[RequestRecord]:

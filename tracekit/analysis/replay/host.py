@@ -202,11 +202,18 @@ def quantile_range(values: Sequence[float], q: float) -> tuple[float, float]:
 
 
 def widen(interval: tuple[float, float], error: float) -> list[float]:
-    """``interval`` joined with itself corrected by the model's relative ``error`` on the
-    recorded trace (simulated / measured - 1): ``value / (1 + error)``."""
+    """``interval`` widened by the model's relative ``error`` on the recorded trace
+    (simulated / measured - 1) either way: ``[low / (1 + |error|), high * (1 + |error|)]``.
+
+    The range is read against the replay's own before. The error is the share of the
+    recorded latency the model missed (or added), and a fix can remove what it missed (loop
+    waits of clients that fell into lock step) or bring as much that it does not model (a
+    busy host's thread wake-ups, a model server slowed by more concurrent calls): on the
+    traces that validation runs kept, the measured change went either way
+    (``bench/projection_checks.py``, docs/analyzer-rules.md "Range")."""
     lo, hi = interval
-    scale = 1.0 / (1.0 + error) if error > -1 else 1.0
-    return [round(min(lo, lo * scale), 3), round(max(hi, hi * scale), 3)]
+    scale = 1.0 + abs(error)
+    return [round(lo / scale, 3), round(hi * scale, 3)]
 
 
 def throughput_range(after: float, error: float, count: int) -> list[float]:
