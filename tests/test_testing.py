@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -125,6 +126,24 @@ def test_each_round_runs_inside_the_apps_lifespan() -> None:
     app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/", hello)], lifespan=lifespan))
     measure_overhead(app, [HTTPRequest("GET", "/")], repeat=10, rounds=2)
     assert events == ["startup", "shutdown"] * 4  # two variants a round
+
+
+def test_an_upstream_client_made_at_import_keeps_working(serve: Callable[..., Any]) -> None:
+    # The README's gateway shape: an httpx.AsyncClient made at import, whose connection pool
+    # binds to the event loop it first ran on; every round runs on that same loop.
+    upstream = serve(Starlette(routes=[Route("/v1", lambda request: PlainTextResponse("ok"))]))
+    client = httpx.AsyncClient(base_url=upstream.url)
+
+    @tracekit.stage("model")
+    async def ask() -> str:
+        return (await client.get("/v1")).text
+
+    async def chat(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(await ask())
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/chat", chat)]))
+    result = measure_overhead(app, [HTTPRequest("GET", "/chat")], repeat=5, rounds=2)
+    assert result.spans_per_request == 2  # the request and its model stage, every round
 
 
 def test_an_app_that_does_not_speak_lifespan_runs_without_it() -> None:

@@ -230,6 +230,7 @@ VLLM_LATENCY_TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_infe
 # FastAPI's native telemetry (0.165+): its operation spans under the server span. The
 # analyzer counts its response serialization as a stage of kind serialize.
 FASTAPI_SERIALIZATION: Final = "fastapi.serialization"
+FASTAPI_SPAN_PREFIX: Final = "fastapi."  # its operation spans: never a request of their own
 
 # --- resource / scope ----------------------------------------------------------------------
 SERVICE_NAME: Final = "service.name"

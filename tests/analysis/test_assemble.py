@@ -288,6 +288,17 @@ def routes(spans: list[Span], **window: int) -> list[str]:
     return sorted(r.route for r in assemble(spans, **window))
 
 
+def test_fastapis_operation_spans_without_their_request_span_are_not_requests() -> None:
+    # A file cut off before the server span (or the server span exported elsewhere): FastAPI's
+    # own spans under it are stages of a request the input lacks, never routes of their own.
+    orphans = [span("a", "server1", name="fastapi.dependencies"),
+               span("b", "server1", name="fastapi.endpoint", start_ms=1),
+               span("c", "server1", name="fastapi.serialization", start_ms=2)]  # fmt: skip
+    window = Window(100, 100)
+    assert list(window.run(enumerate(orphans, start=1))) + list(window.finish()) == []
+    assert (window.orphan_traces, window.orphan_spans) == (1, 3)
+
+
 def test_a_quiet_trace_is_flushed_max_open_traces_spans_after_its_last_span() -> None:
     # Positions count spans of any trace: t1's child comes 3 spans after t1 last had one.
     def stream(gap: int) -> list[Span]:

@@ -197,6 +197,10 @@ def test_a_decline_says_what_would_let_it_project() -> None:
     assert projection is None and note is not None
     assert "what would let it project" in note and "--cores N" in note
     assert "waited 60.0 ms each on locks and queues" in note
+    assert "work outside the requests" in note
+    # One core already: no hint to pass fewer (a new user was told "fewer than 1").
+    _, one = Replayer(ReplayConfig(cores=1)).project(slow, FIX)
+    assert one is not None and "fewer than" not in one and "work outside the requests" in one
 
 
 # --- severity -------------------------------------------------------------------------------

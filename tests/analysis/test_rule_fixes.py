@@ -4,6 +4,8 @@ model's pace of a stream): unit tests on small hand-made records."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.analysis import test_rules
@@ -56,6 +58,19 @@ def test_code_only_where_it_applies(code: StageCode, has: str, action: str) -> N
     assert has in body and model is not None and model.action == action and note is None
     if code.shape == "coroutine" or "to_thread(check" in body:
         assert "ProcessPoolExecutor" not in body
+
+
+def test_a_tokenizer_assumed_from_the_kind_is_said_to_be_assumed() -> None:
+    # A stage named tokenize may be Python code: without a sign of HF tokenizers in the trace
+    # the fix says it is assumed, and what to do for Python code (a thread would not help).
+    assumed = _code(stage="tokenize", kind="tokenize", qualname="tokenize", shape="function")
+    (title, body), model, _ = fix_for_cpu(R, assumed)
+    assert title.startswith("If app.tokenize calls HF tokenizers") and "process pool" in title
+    assert "to_thread(tokenizer.encode_batch" in body and model is not None
+    # Seen: the tokenizers integration recorded the call, or the watchdog caught its frames.
+    for seen in ({"holds_gil": True}, {"frames": "tokenizers/implementations/base.py:9 in encode"}):
+        (title, body), _, _ = fix_for_cpu(R, replace(assumed, **seen))  # type: ignore[arg-type]
+        assert title.startswith("Run app.tokenize in a worker thread") and "process pool" not in title
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,7 @@ def test_profile_names_the_helper_two_calls_down(profiling: Any) -> None:
     assert len(stages) == 4
     for span in stages:
         hot = span.attributes[semconv.PROFILE_HOT]
-        first = hot.splitlines()[0]
+        first = _hottest_python(span.attributes)  # ord, the builtin it calls, can rank first
         assert first.startswith("_slow_helper (tests/integrations/test_pyinstrument.py:"), hot
         assert len(hot.splitlines()) <= 5
         tree = span.attributes[semconv.PROFILE_TREE]

@@ -86,3 +86,10 @@ def test_the_text_shows_the_verdicts_the_comparison_gives() -> None:
     lines = text.splitlines()
     at = lines.index("      no projection: the replay could not reproduce this")  # wrapped at 60
     assert lines[at + 1] == "        route; the measured change only"
+
+
+def test_a_route_without_a_projection_says_there_is_nothing_to_check() -> None:
+    data = comparison().to_dict()
+    data["routes"][0]["projections"] = []
+    words = " ".join(render_comparison(data, width=80, color=False, unicode=True).split())
+    assert "projected vs measured: nothing to check: before has no projected finding on this route" in words

@@ -144,6 +144,10 @@ class _Renderer:
             self._add("  projected (before's findings, each fix alone) vs measured")
             for check in sorted(projections, key=lambda c: not c.get("selected")):
                 self._projection(check)
+        else:  # said, not left out: a reader would look for the check
+            self._wrap("projected vs measured: nothing to check: before has no projected "
+                       "finding on this route (--finding RULE:STAGE names the change made, "
+                       "and says why it has no projection)", 2, p.dim, hang=4)  # fmt: skip
 
     def _row(self, label: str, c: Any) -> None:
         if not isinstance(c, Mapping):

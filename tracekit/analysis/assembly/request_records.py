@@ -104,8 +104,9 @@ def requests_of_trace(spans: list[Span], *, late: bool = False) -> list[RequestR
             return []
         roots = [root for root in roots if not model_server_span(root)]
         if roots and all(_orphan_stage(root, by_id) for root in roots):
-            # tracekit stages under a span the input lacks: their request span went to
-            # another exporter (or was dropped). Not requests; the caller counts them.
+            # Stages under a span the input lacks (tracekit's, FastAPI's operation spans):
+            # their request span went to another exporter, was dropped, or was cut off at
+            # the file's end. Not requests; the caller counts them.
             return []
         # Pure cycles have no root at all: the earliest span stands in for one.
         others = (s for s in by_id.values() if not model_server_span(s))
@@ -127,10 +128,13 @@ def model_server_trace(spans: Iterable[Span]) -> bool:
 
 
 def _orphan_stage(span: Span, by_id: dict[str, Span]) -> bool:
-    """A tracekit stage span whose parent is not in the trace."""
+    """A stage span whose parent is not in the trace: tracekit's, or one of FastAPI's
+    operation spans (``fastapi.endpoint``: never a request of its own). Other spans whose
+    parent is elsewhere (a job continuing a remote trace) stand for their request."""
     parent = span.parent_id
-    return semconv.STAGE in span.attributes and parent is not None and parent != span.span_id \
-        and parent not in by_id  # fmt: skip
+    stage = semconv.STAGE in span.attributes or (
+        span.kind == "internal" and span.name.startswith(semconv.FASTAPI_SPAN_PREFIX))
+    return stage and parent is not None and parent != span.span_id and parent not in by_id
 
 
 def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:

@@ -358,16 +358,23 @@ class Replayer:
                 f"{model.get('cores')} (this machine's) were assumed: pass --cores N"
             )
         if error < 0:
-            hints.append(
-                f"the gateway was slower than the model of it: if its host was shared (a load "
-                f"generator, other processes), pass --cores with the CPUs it really had "
-                f"(fewer than {model.get('cores')})"
-            )
+            cores = model.get("cores")
+            if isinstance(cores, int) and cores > 1:
+                hints.append(
+                    f"the gateway was slower than the model of it: if its host was shared (a "
+                    f"load generator, other processes), pass --cores with the CPUs it really "
+                    f"had (fewer than {cores})"
+                )
             if queued >= 1.0:
                 hints.append(
                     f"its requests waited {queued:.1f} ms each on locks and queues "
                     f"(tracekit.queue_wait_ms), which the replay keeps as recorded"
                 )
+            # Always true of the model, and the remaining suspect once the others are out.
+            hints.append(
+                "the loop's work outside the requests (the report's event loop section: "
+                "background tasks, the server's own code) is not replayed"
+            )
         else:
             hints.append(
                 f"the gateway was faster than the model of it: the arrivals were read as "

@@ -48,14 +48,27 @@ def _callers(code: StageCode) -> str:
     return ""
 
 
-def tokenize_off_loop(code: StageCode, why: str) -> tuple[str, str]:
+def tokenize_off_loop(code: StageCode, why: str, assumed: bool = False) -> tuple[str, str]:
     """HF tokenizers: ``encode_batch`` in a worker thread (it releases the GIL).
 
     Code for a sync function or a coroutine (the stage becomes a coroutine that awaits the
     thread); words for a generator or a block, where only the call inside can move.
+    ``assumed``: the trace shows no sign of the library (only the stage's kind says
+    tokenize): the title says so, and what to do if the stage is Python code instead.
     """
     stage = code.stage or "tokenize"
     where = code.function or stage
+    if assumed:
+        title, body = tokenize_off_loop(code, "the GIL-free encode_batch")
+        what = "run it in a worker thread with the GIL-free encode_batch, as below" if body else (
+            "call it as `[encoding] = await asyncio.to_thread(tokenizer.encode_batch, [text])`")
+        return (
+            f"If {where} calls HF tokenizers' Tokenizer.encode (assumed from the stage's kind, "
+            f"{code.kind}: the trace does not show the library; tracekit.integrations.tokenizers "
+            f"would record it), {what}. "
+            f"If it is Python code, a thread would still hold the GIL: move it to a process "
+            f"pool, or make it do less work"
+        ), body
     if code.holds_gil is False and code.shape == semconv.SHAPE_FUNCTION:
         # A call recorded as GIL-free (tracekit.integrations.tokenizers: encode_batch,
         # decode_batch): the same call, in a worker thread.
