@@ -13,6 +13,7 @@ from tracekit.analysis.stats.confidence import (
     Change,
     _bootstrap,
     bin_rates,
+    inflation,
     mean_change,
     quantile_change,
     rate_change,
@@ -88,8 +89,9 @@ def test_small_samples_get_points_without_an_interval() -> None:
 
 
 def test_welch_interval_matches_the_textbook_value() -> None:
-    # Means 3 and 5, variances 2.5 each: se = 1, Welch df = 8, t(0.975, 8) = 2.306.
-    c = mean_change([1.0, 2.0, 3.0, 4.0, 5.0], [3.0, 4.0, 5.0, 6.0, 7.0], confidence=0.95)
+    # Means 3 and 5, variances 2.5 each: se = 1, Welch df = 8, t(0.975, 8) = 2.306. In an
+    # order whose neighbours are not alike (a rising run would read as dependent).
+    c = mean_change([3.0, 1.0, 5.0, 2.0, 4.0], [5.0, 3.0, 7.0, 4.0, 6.0], confidence=0.95)
     assert c.delta == pytest.approx(2.0)
     assert c.low == pytest.approx(2.0 - 2.306, abs=2e-3)
     assert c.high == pytest.approx(2.0 + 2.306, abs=2e-3)
@@ -154,3 +156,25 @@ def test_change_to_dict_is_the_documented_object() -> None:
         "change_pct": pytest.approx(-20.0), "ci_pct": [pytest.approx(-30.0), pytest.approx(-10.0)],
         "significant": True, "note": None,
     }  # fmt: skip
+
+
+def test_dependent_neighbours_widen_the_intervals() -> None:
+    # A run with slow periods (AR(1) latencies, neighbours alike) against the same values
+    # shuffled: the same points, wider intervals in time order; independent values are not
+    # widened (by more than the estimate's own noise).
+    rng = random.Random(7)
+    level, run = 0.0, []
+    for _ in range(2000):
+        level = 0.9 * level + rng.gauss(0, 1)
+        run.append(100 + 10 * level)
+    shuffled = run[:]
+    random.Random(8).shuffle(shuffled)
+    assert inflation(run) > 5 and inflation(shuffled) < 1.3
+    assert inflation([1.0, 2.0] * 50) == 1.0  # alternating: never narrower than independent
+    after, after_shuffled = [v + 5 for v in run], [v + 5 for v in shuffled]
+    in_time, mixed = q_change(run, after, 0.5), q_change(shuffled, after_shuffled, 0.5)
+    assert in_time.delta == mixed.delta
+    assert (in_time.high - in_time.low) > 1.5 * (mixed.high - mixed.low)
+    means = [mean_change(run, after, confidence=0.95),
+             mean_change(shuffled, after_shuffled, confidence=0.95)]  # fmt: skip
+    assert (means[0].high - means[0].low) > 1.5 * (means[1].high - means[1].low)

@@ -311,9 +311,8 @@ def _stage_change(stage: str, b: RouteValues, a: RouteValues, confidence: float)
     before, after = b.stages.get(stage), a.stages.get(stage)
     if before is None and after is None:
         return None
-    empty = array("d")
-    return mean_change(before if before is not None else empty, after if after is not None else empty,
-                       confidence=confidence)  # fmt: skip
+    return mean_change(b.in_time(before) if before is not None else [],
+                       a.in_time(after) if after is not None else [], confidence=confidence)  # fmt: skip
 
 
 def _measure(
@@ -387,9 +386,10 @@ def _route(
     def quantiles(
         key: str, before: array[float], after: array[float], which: tuple[tuple[str, float], ...]
     ) -> dict[str, Change]:
+        ordered = b.in_time(before), a.in_time(after)
         return {
             label: quantile_change(
-                before, after, q, confidence=confidence, draws=draws,
+                *ordered, q, confidence=confidence, draws=draws,
                 rng=_rng(seed, name, f"{key} {label}"),
             )  # fmt: skip
             for label, q in which
@@ -404,7 +404,7 @@ def _route(
     parts = None
     if b.parts[0] or a.parts[0]:
         parts = {
-            key: mean_change(before, after, confidence=confidence)
+            key: mean_change(b.in_time(before), a.in_time(after), confidence=confidence)
             for key, before, after in zip(BREAKDOWN_KEYS, b.parts, a.parts, strict=True)
         }
     return RouteComparison(

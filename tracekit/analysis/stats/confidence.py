@@ -21,8 +21,20 @@ difference ``after - before`` and for the relative change ``after / before - 1``
   report measures throughput) is cut into equal bins of about a second (at least
   :data:`MIN_BINS`, at most one per request); each bin's completions over its width is one
   rate observation, whose mean is exactly requests / window. Welch's interval of the bin
-  rates' means follows. The bins treat completions a second apart as independent, which a
-  steady load gives roughly.
+  rates' means follows, the bins in time order (their dependence read as below).
+
+**Neighbours are not independent.** Requests of one run share the event loop, the host and
+the model server: a slow period makes several neighbours slow together, and the bootstrap and
+Welch's interval, which take the values as independent, come out too narrow (two runs of the
+same code read as "significant"). Each side's values come in time order, and their
+dependence is read from them: the variance of a mean of ``n`` correlated values is the
+independent one times ``1 + 2 sum_k (1 - k / (L + 1)) rho_k`` (:func:`inflation`: the lag-``k``
+autocorrelations ``rho_k`` up to ``L = sqrt(n)``, Bartlett weights, as Newey and West's
+long-run variance), never taken below 1. A mean's standard error grows by its square root,
+with ``n / inflation`` values for the degrees of freedom; a percentile is a mean of the
+indicator ``value <= percentile`` to first order, so its bootstrap draws the order statistic
+of ``n / inflation`` uniforms, that indicator's inflation. The first
+:data:`DEPENDENCE_SAMPLE` values in time order are enough to read it.
 
 Randomness comes from a ``random.Random`` passed in, so results are reproducible.
 """
@@ -45,6 +57,7 @@ __all__ = [
     "MIN_RATE_REQUESTS",
     "Change",
     "bin_rates",
+    "inflation",
     "mean_change",
     "quantile_change",
     "rate_change",
@@ -61,6 +74,8 @@ MIN_BINS = 10
 #: Fewest requests a throughput is computed from: a single request's window is its own
 #: duration, and one over it (170 req/s for a 6 ms request) is no rate.
 MIN_RATE_REQUESTS = 2
+#: Values (the first, in time order) that neighbours' dependence is read from (:func:`inflation`).
+DEPENDENCE_SAMPLE = 5_000
 
 
 @dataclass(frozen=True)
@@ -141,7 +156,8 @@ def quantile_change(
     """The change of the ``q``-percentile, with its bootstrap interval (module docstring).
 
     Args:
-        before / after: the values of each side, in any order (may be empty).
+        before / after: the values of each side, in time order (may be empty): neighbours'
+            dependence widens the interval.
         q: the percentile, between 0 and 1 (0.95 for p95).
         confidence: the interval's coverage, e.g. 0.95.
         draws: bootstrap draws per side.
@@ -158,8 +174,8 @@ def quantile_change(
     if min(n) < need:
         return Change(point_b, point_a, n,
                       note=f"a p{100 * q:g} interval needs {need:,} values a side")  # fmt: skip
-    db = _bootstrap(b, q, draws, rng)
-    da = _bootstrap(a, q, draws, rng)
+    db = _bootstrap(b, q, draws, rng, len(b) / inflation(_below(before, point_b)))
+    da = _bootstrap(a, q, draws, rng, len(a) / inflation(_below(after, point_a)))
     low, high = _central([x - y for x, y in zip(da, db, strict=True)], confidence)
     rel_low = rel_high = None
     if all(y > 0 for y in db):
@@ -167,10 +183,30 @@ def quantile_change(
     return Change(point_b, point_a, n, low, high, rel_low, rel_high)
 
 
-def _bootstrap(values: list[float], q: float, draws: int, rng: random.Random) -> list[float]:
+def _below(values: Sequence[float], point: float | None) -> list[float]:
+    # The indicator whose mean the percentile `point` is, to first order (module docstring).
+    return [1.0 if v <= point else 0.0 for v in values] if point is not None else []
+
+
+def _bootstrap(values: list[float], q: float, draws: int, rng: random.Random,
+               effective: float | None = None) -> list[float]:  # fmt: skip
     # The q-percentile of `draws` bootstrap resamples of the sorted `values`, each drawn from
-    # the resample's order statistics directly (module docstring).
+    # the resample's order statistics directly (module docstring); with `effective` under
+    # len(values), the order statistic of that many uniforms, read off the sorted values.
     n = len(values)
+    if effective is not None and effective < n:
+        m = max(2.0, effective)
+        position = q * (m - 1)
+        last = n - 1
+        out = []
+        for _ in range(draws):
+            at = rng.betavariate(position + 1, m - position) * last
+            i = int(at)
+            x = values[i]
+            if i < last:
+                x += (at - i) * (values[i + 1] - x)
+            out.append(x)
+        return out
     position = q * (n - 1)
     k = int(position)  # 0-based rank: the (k+1)-th smallest
     frac = position - k
@@ -200,24 +236,28 @@ def mean_change(before: Sequence[float], after: Sequence[float], *, confidence: 
     """The change of the mean, with Welch's t interval (module docstring).
 
     Args:
-        before / after: the values of each side (may be empty).
+        before / after: the values of each side, in time order (may be empty): neighbours'
+            dependence widens the interval.
         confidence: the interval's coverage.
 
     Returns:
-        The :class:`Change`. Cost: O(n).
+        The :class:`Change`. Cost: O(n), and O(m^1.5) for the dependence, m = min(n,
+        :data:`DEPENDENCE_SAMPLE`).
     """
     n = (len(before), len(after))
     mb = math.fsum(before) / n[0] if n[0] else None
     ma = math.fsum(after) / n[1] if n[1] else None
     if mb is None or ma is None or min(n) < MIN_MEAN_N:
         return Change(mb, ma, n, note=f"an interval needs {MIN_MEAN_N} values a side")
-    vb = _variance(before, mb) / n[0]  # squared standard errors of the means
-    va = _variance(after, ma) / n[1]
+    fb, fa = inflation(before), inflation(after)
+    vb = _variance(before, mb) / n[0] * fb  # squared standard errors of the means
+    va = _variance(after, ma) / n[1] * fa
     se = math.sqrt(va + vb)
     if se == 0:  # both sides constant: the difference is exact
         rel = ma / mb - 1 if mb > 0 else None
         return Change(mb, ma, n, ma - mb, ma - mb, rel, rel)
-    df = (va + vb) ** 2 / (va**2 / (n[1] - 1) + vb**2 / (n[0] - 1))
+    dfb, dfa = max(1.0, n[0] / fb - 1), max(1.0, n[1] / fa - 1)
+    df = (va + vb) ** 2 / (va**2 / dfa + vb**2 / dfb)
     t = t_quantile(1 - (1 - confidence) / 2, df)
     rel_low = rel_high = None
     if mb > 0:
@@ -225,6 +265,35 @@ def mean_change(before: Sequence[float], after: Sequence[float], *, confidence: 
         se_ratio = math.sqrt(va / mb**2 + ratio**2 * vb / mb**2)  # delta method
         rel_low, rel_high = ratio - 1 - t * se_ratio, ratio - 1 + t * se_ratio
     return Change(mb, ma, n, ma - mb - t * se, ma - mb + t * se, rel_low, rel_high)
+
+
+def inflation(series: Sequence[float]) -> float:
+    """How much the dependence of neighbouring values widens the variance of their mean:
+    ``1 + 2 sum_{k=1..L} (1 - k / (L + 1)) rho_k``, ``rho_k`` the lag-``k`` autocorrelation and
+    ``L = floor(sqrt(m))`` (Bartlett weights: Newey and West's long-run variance; a bandwidth
+    wider than their ``m^(1/3)``, which left more of the halves of one run told apart:
+    ``bench/compare_calibration.py``), over the first ``m = min(n, DEPENDENCE_SAMPLE)``
+    values; never below 1 (an alternating pattern is not taken to narrow the interval). 1
+    for fewer than 3 values or constant ones.
+
+    Args:
+        series: the values in time order.
+    """
+    m = min(len(series), DEPENDENCE_SAMPLE)
+    if m < 3:
+        return 1.0
+    head = series[:m]
+    mean = math.fsum(head) / m
+    d = [x - mean for x in head]
+    total = math.fsum(e * e for e in d)
+    if total <= 0:
+        return 1.0
+    lags = int(math.sqrt(m))
+    out = 1.0
+    for k in range(1, lags + 1):
+        rho = math.fsum(map(float.__mul__, d[:-k], d[k:])) / total
+        out += 2 * (1 - k / (lags + 1)) * rho
+    return max(1.0, out)
 
 
 def _variance(values: Sequence[float], mean: float) -> float:

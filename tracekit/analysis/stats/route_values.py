@@ -80,6 +80,16 @@ class RouteValues:
         for name, values in self.stages.items():
             values.append(own.get(name, 0.0))
 
+    def in_time(self, values: array[float]) -> list[float]:
+        """``values`` (one per request: ``wall``, a breakdown component, a stage's) in the
+        order the requests ended, for the intervals' dependence; arrays of some requests only
+        (TTFT, ITL; a breakdown of partly instrumented requests) as they came, the order the
+        requests were assembled in (their traces' spans as read)."""
+        if len(values) != len(self.ends):
+            return list(values)
+        ends = self.ends
+        return [values[i] for i in sorted(range(len(ends)), key=ends.__getitem__)]
+
     def rates(self) -> list[float]:
         """Completions per second in bins of the active window (:func:`bin_rates`)."""
         if self.first_ns is None or self.last_ns is None:
