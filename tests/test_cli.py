@@ -162,7 +162,8 @@ def test_fail_on_with_the_real_n_plus_one(tmp_path: Path) -> None:
 
 
 def test_query_options_on_a_file_are_an_error(gateway_file: Path) -> None:
-    for extra in (["--lookback", "2h"], ["--service", "gw"], ["--limit", "5"]):
+    # --lookback at its default too: a user who typed it expects it to apply.
+    for extra in (["--lookback", "2h"], ["--lookback", "1h"], ["--service", "gw"], ["--limit", "5"]):
         code, _, err = run_main("analyze", str(gateway_file), *extra)
         assert_one_error_line(code, err)
 

@@ -67,6 +67,7 @@ def test_every_bad_input_is_one_line_and_exit_2(runs: tuple[str, str], tmp_path:
         "missing AFTER": ([before], "the following arguments are required: AFTER"),
         "-o is a trace file": ([before, after, "-o", after], "is the trace file being read"),
         "query options on files": ([before, after, "--service", "gw"], "neither run is one"),
+        "lookback on files": ([before, after, "--lookback", "1h"], "neither run is one"),
     }
     for label, (args, message) in cases.items():
         code, out, err = run_main("compare", *args)

@@ -79,8 +79,7 @@ def add_analyze_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     )
     p.add_argument("--project", help="Phoenix project to read (with --phoenix; default 'default')")
     p.add_argument(
-        "--lookback",
-        default="1h",
+        "--lookback",  # None when not given: a file source refuses it even at its default
         help="how far back to query (with --jaeger or --phoenix; default 1h)",
     )
     p.add_argument("--limit", type=_positive_int, help="most traces to fetch (with --jaeger)")
@@ -175,7 +174,7 @@ def add_compare_command(subparsers: argparse._SubParsersAction[_Parser]) -> None
     )
     p.add_argument("--service", help="service to query (for a Jaeger URL side)")
     p.add_argument(
-        "--lookback", default="1h", help="how far back to query (for a Jaeger URL side; default 1h)"
+        "--lookback", help="how far back to query (for a Jaeger URL side; default 1h)"
     )
     p.add_argument("--limit", type=_positive_int, help="most traces to fetch (for a Jaeger URL side)")
     p.add_argument(
@@ -348,6 +347,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
     if args.project is not None and args.phoenix is None:
         raise _UsageError("--project applies to --phoenix (see 'tracekit analyze --help')")
     source = given[0]
+    if args.source is not None and args.lookback is not None:
+        raise _UsageError("--lookback applies to --jaeger or --phoenix, not a trace file")
     project = None
     if args.phoenix is not None:
         from tracekit.analysis.readers.phoenix_api import DEFAULT_PROJECT
@@ -360,7 +361,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
         route=args.route,
         slo=args.slo,
         service=args.service,
-        lookback=args.lookback,
+        lookback=args.lookback or "1h",
         limit=args.limit,
         timeout=args.timeout,
         max_response_mb=args.max_response_mb,
@@ -389,6 +390,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
 def _run_compare(args: argparse.Namespace) -> int:
     from tracekit.analysis.compare import compare
 
+    if args.lookback is not None and not any(_is_http_url(s) for s in (args.before, args.after)):
+        raise _UsageError("--lookback applies to a Jaeger query URL side, and neither run is one")
     for source in (args.before, args.after):
         if args.output is not None:
             _check_output(args.output, source)  # before reading, not after
@@ -399,7 +402,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         finding=args.finding,
         confidence=args.confidence,
         service=args.service,
-        lookback=args.lookback,
+        lookback=args.lookback or "1h",
         limit=args.limit,
         timeout=args.timeout,
         max_response_mb=args.max_response_mb,
