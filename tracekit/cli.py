@@ -348,7 +348,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         raise _UsageError("--project applies to --phoenix (see 'tracekit analyze --help')")
     source = given[0]
     if args.source is not None and args.lookback is not None:
-        raise _UsageError("--lookback applies to --jaeger or --phoenix, not a trace file")
+        raise _UsageError("--lookback: the query options apply only to a Jaeger query URL or "
+                          "a Phoenix URL, not a trace file")  # fmt: skip
     project = None
     if args.phoenix is not None:
         from tracekit.analysis.readers.phoenix_api import DEFAULT_PROJECT

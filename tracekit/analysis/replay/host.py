@@ -208,9 +208,10 @@ def widen(interval: tuple[float, float], error: float) -> list[float]:
     The range is read against the replay's own before. The error is the share of the
     recorded latency the model missed (or added), and a fix can remove what it missed (loop
     waits of clients that fell into lock step) or bring as much that it does not model (a
-    busy host's thread wake-ups, a model server slowed by more concurrent calls): on the
-    traces that validation runs kept, the measured change went either way
-    (``bench/projection_checks.py``, docs/analyzer-rules.md "Range")."""
+    worker thread's smaller share of a busy host's CPU, a model server slowed by more
+    concurrent calls): on the traces that validation runs kept, the measured change went
+    either way (``bench/projection_checks.py``, docs/analyzer-rules.md "Checking the
+    range")."""
     lo, hi = interval
     scale = 1.0 + abs(error)
     return [round(lo / scale, 3), round(hi * scale, 3)]
