@@ -101,7 +101,8 @@ ifneq ($(BUILT),)
 	@echo "== the tests that saturate the event loop, one at a time (-m alone: a second worker skews their timings)"
 	TRACEKIT_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -q -m alone
 	@echo "== the request path's tests as plain Python (TRACEKIT_PURE_PYTHON=1)"
-	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q -n 2 tests/core tests/hostile/recorder tests/loop/test_spawned_tasks.py
+	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q -n 2 -m "not alone" tests/core tests/hostile/recorder tests/loop/test_spawned_tasks.py
+	TRACEKIT_PURE_PYTHON=1 $(BIN)/python -m pytest -q -m alone tests/loop/test_spawned_tasks.py
 else
 	@echo "== the whole suite, plain Python (TRACEKIT_PURE_PYTHON=1; with a real Phoenix: TRACEKIT_PHOENIX)"
 	TRACEKIT_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(BIN)/python -m pytest -q -n 2 -m "not alone"

@@ -243,6 +243,7 @@ def test_waiting_on_a_lock_held_by_another_request_is_queue_wait(loop_kind: str)
     assert second.attributes[sc.WAIT_MS] < 10  # its own model call: 1 ms of sleep
 
 
+@pytest.mark.alone  # a second test worker on the same cores deschedules the loop thread
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
 def test_a_lock_waiter_ready_while_the_loop_is_busy_waits_for_the_loop_not_the_lock(
         loop_kind: str) -> None:  # fmt: skip
