@@ -4,8 +4,10 @@ OTLP encoder makes; sdk.hand_over queues a request's spans as the SDK's on_end w
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -118,6 +120,29 @@ def test_spans_are_queued_in_one_go_as_one_by_one() -> None:
     finally:
         for processor in (one_by_one, at_once):
             processor.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_processor_of_another_process_is_not_queued_in_one_go() -> None:
+    # The SDK re-makes its processor's queue and thread in a forked child and notes the new
+    # pid; one not (yet) re-made for this process gets on_end, which re-makes it. tracekit
+    # keeps the pid it compares with current across forks, without a getpid call a request.
+    processor = BatchSpanProcessor(_Exporter(), schedule_delay_millis=60_000)
+    try:
+        assert sdk.queue_all(processor, [_span()])
+        processor._batch_processor._pid = -1  # as inherited before the SDK's re-making
+        assert not sdk.queue_all(processor, [_span()])
+    finally:
+        processor.shutdown()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, b"1" if sdk._pid == os.getpid() else b"0")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    os.waitpid(child, 0)
 
 
 def test_what_one_go_cannot_queue_goes_one_by_one() -> None:

@@ -36,6 +36,15 @@ from tracekit._core.failsafe import internal_error
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _tuple_new: Final = tuple.__new__
+_pid = os.getpid()  # this process's, kept current across forks: no getpid call a request
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def processors(processor: Any, sync_multi: type | None) -> tuple[Any, ...]:
@@ -80,8 +89,9 @@ def hand_over(target: Any, spans: list[Any]) -> None:
 def queue_all(processor: Any, spans: list[Any]) -> bool:
     """Queue ``spans`` in a ``BatchSpanProcessor`` as its ``on_end`` does one by one (True),
     or nothing (False: the caller hands them over one by one) when any of them would not be
-    queued as it is (one not sampled, the queue too full, the processor shut down or
-    inherited across a fork) or the processor is not laid out as expected."""
+    queued as it is (not sampled, the queue too full, the processor shut down or inherited
+    across a fork) or the processor is not laid out as expected. ``spans`` are one
+    request's: they share its trace's flags, so the first one's are read."""
     batch = getattr(processor, "_batch_processor", None)
     queue = getattr(batch, "_queue", None)
     if type(queue) is not deque:
@@ -91,14 +101,13 @@ def queue_all(processor: Any, spans: list[Any]) -> bool:
     awaken = getattr(batch, "_worker_awaken", None)
     if type(size) is not int or type(threshold) is not int or awaken is None:
         return False
-    if getattr(batch, "_shutdown", True) is not False or getattr(batch, "_pid", None) != os.getpid():
+    if getattr(batch, "_shutdown", True) is not False or getattr(batch, "_pid", None) != _pid:
         return False
-    if len(queue) + len(spans) > size:
+    if not spans or len(queue) + len(spans) > size:
         return False
-    for span in spans:
-        context = span.context
-        if context is None or not context.trace_flags.sampled:
-            return False
+    context = spans[0].context
+    if context is None or not context.trace_flags.sampled:
+        return False
     queue.extendleft(spans)  # as on_end's appendleft of each in turn: the oldest on the right
     if len(queue) >= threshold and not awaken.is_set():
         awaken.set()
