@@ -476,6 +476,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         p50 = _cell(row, "p50_ms")
         p95 = _cell(row, "p95_ms")
         verdict = (row.get("check") or {}).get("verdict") or _declined(row.get("note"))
+        if row.get("finding") and row.get("fix_matches") is False:
+            verdict += " (the fix applied is not the one the report proposed)"
         lines.append(f"| {row['rule']} | {row['load']} | {load} | {row['requests']} | {p50[0]} "
                      f"| {p50[1]} | {p50[2]} | {p95[0]} | {p95[1]} | {p95[2]} | {direction(row)} "
                      f"| {verdict} | {_client(row)} | {_moved(row)} "
@@ -488,9 +490,11 @@ def summary(rows: list[dict[str, Any]]) -> str:
     errs = [abs(e) for r in projected for e in errors(r).values()]
     wrong = sum(direction(r) == "no" for r in projected)
     median = f"{100 * statistics.median(errs):.0f}%" if errs else "—"
+    other_fix = sum(bool(r.get("finding")) and r.get("fix_matches") is False for r in rows)
     return (
         f"projections: {len(projected)} of {len(rows)} cases; median |error| (p50 and p95): "
         f"{median}; wrong direction: {wrong}"
+        + (f"; the fix applied is not the report's in {other_fix}" if other_fix else "")
     )
 
 

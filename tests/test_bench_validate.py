@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -36,3 +38,18 @@ def test_validate_quick_writes_a_table_row_with_numbers(tmp_path: Path) -> None:
         assert re.fullmatch(r"\d+ → \d+ \(\d+–\d+\)", cells[4]), cells[4]
         assert re.fullmatch(r"[+-]\d+%", cells[6]), cells[6]
         assert "projections: 1 of 1 cases" in out.read_text()
+
+
+def test_a_row_whose_applied_fix_is_not_the_reports_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The suite applies its case's fix; when the report proposed another (the watchdog caught
+    # a blocking call in the HTTP client's frames: an async client), the row says so.
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import validate
+
+    row = {"rule": "blocking-call-on-loop", "load": "closed", "value": 2, "requests": 240,
+           "load_avg": 0.5, "before_run": {}, "after_run": {}, "breakdown": None,
+           "finding": {"rule": "blocking-call-on-loop", "stage": "lookup"}, "fix_matches": False,
+           "note": "the replay could not reproduce this route as recorded"}  # fmt: skip
+    assert "the fix applied is not the one the report proposed" in validate.table([row])
+    assert validate.summary([row]).endswith("the fix applied is not the report's in 1")
+    assert "not the report's" not in validate.summary([{**row, "fix_matches": True}])
