@@ -196,3 +196,15 @@ def test_a_finding_without_a_projection_is_measured_only() -> None:
     # A finding before does not have at all is still an error naming those it has.
     with pytest.raises(ConfigurationError, match=r"its findings: .*sequential-independent:GetDriver"):
         compare(str(HOTROD), str(HOTROD), finding="cpu-on-loop")
+
+
+def test_values_are_read_in_the_order_their_requests_ended() -> None:
+    # The intervals read the dependence of neighbours: each array in end order, whatever
+    # order the requests were assembled in; arrays of some requests only, as they came.
+    values = route_values.RouteValues()
+    for start, end in ((0.0, 30.0), (5.0, 10.0), (1.0, 20.0)):
+        values.add(factories.request("POST /x", start, end))
+    assert values.in_time(values.wall) == [5.0, 19.0, 30.0]
+    values.add(factories.request("POST /x", 2.0, 4.0))  # a later request: ordered again
+    assert values.in_time(values.wall) == [2.0, 5.0, 19.0, 30.0]
+    assert values.in_time(values.ttft) == list(values.ttft)

@@ -67,9 +67,7 @@ def fix_for_cpu(route: str, code: StageCode) -> tuple[tuple[str, str], Fix | Non
     stage = code.stage
     what, why = cpu_of(code)
     if stage is not None and what == TOKENIZERS:
-        # Seen: the tokenizers integration recorded the call, or the watchdog caught its frames.
-        seen = code.holds_gil is not None or "tokenizers/" in (code.frames or "")
-        fix = fixes.tokenize_off_loop(code, why, assumed=not seen)
+        fix = fixes.tokenize_off_loop(code, why, assumed=not code.tokenizers_seen)
         return fix, Fix("thread", route, stage, gil_free=True), None
     if stage is not None and what == JSON_ENCODE:
         model = Fix("shrink", route, stage, factor=1.0 / fixes.ORJSON_SPEEDUP)

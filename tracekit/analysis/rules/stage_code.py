@@ -39,8 +39,9 @@ UNKNOWN = "unknown"
 # Library frames that say what the CPU is. Only libraries whose GIL behaviour is known:
 # numpy and torch release the GIL in their array operations; tokenizers' Python wrappers
 # (tokenizers/implementations) call the Rust encode / encode_batch.
+_TOKENIZERS_FRAME = "tokenizers/"
 _FRAME_CPU = (
-    ("tokenizers/", TOKENIZERS),
+    (_TOKENIZERS_FRAME, TOKENIZERS),
     ("json/encoder.py", JSON_ENCODE),
     ("json/decoder.py", JSON_DECODE),
     ("orjson", JSON_ENCODE),
@@ -129,6 +130,13 @@ class StageCode:
             return ""
         return (f"; pyinstrument (a profiled call, {self.profiled_ms:.0f} ms sampled): most self "
                 f"time in {self.hot.splitlines()[0]}")  # fmt: skip
+
+    @property
+    def tokenizers_seen(self) -> bool:
+        """Whether the trace shows HF tokenizers running (its integration recorded the call's
+        ``tracekit.holds_gil``, or the watchdog caught a ``tokenizers/`` frame), rather than
+        only the stage's kind saying tokenize."""
+        return self.holds_gil is not None or _TOKENIZERS_FRAME in (self.frames or "")
 
     @property
     def nested(self) -> bool:

@@ -184,8 +184,11 @@ def quantile_change(
 
 
 def _below(values: Sequence[float], point: float | None) -> list[float]:
-    # The indicator whose mean the percentile `point` is, to first order (module docstring).
-    return [1.0 if v <= point else 0.0 for v in values] if point is not None else []
+    # The indicator whose mean the percentile `point` is, to first order (module docstring),
+    # over the values its dependence is read from.
+    if point is None:
+        return []
+    return [1.0 if v <= point else 0.0 for v in values[:DEPENDENCE_SAMPLE]]
 
 
 def _bootstrap(values: list[float], q: float, draws: int, rng: random.Random,

@@ -36,7 +36,8 @@ class RouteValues:
             request without one), for the change made's stage (``stage_ms``).
     """
 
-    __slots__ = ("ends", "errors", "first_ns", "itl", "last_ns", "parts", "stages", "ttft", "wall")
+    __slots__ = ("_order", "ends", "errors", "first_ns", "itl", "last_ns", "parts", "stages", "ttft",
+                 "wall")  # fmt: skip
 
     def __init__(self) -> None:
         self.wall = array("d")
@@ -48,6 +49,7 @@ class RouteValues:
         self.errors = 0
         self.first_ns: int | None = None
         self.last_ns: int | None = None
+        self._order: list[int] = []  # indexes by end time (in_time), for the requests added
 
     def add(self, req: RequestRecord) -> None:
         """Keep one request's values. Cost: O(stages) for its breakdown and stage times."""
@@ -85,10 +87,12 @@ class RouteValues:
         order the requests ended, for the intervals' dependence; arrays of some requests only
         (TTFT, ITL; a breakdown of partly instrumented requests) as they came, the order the
         requests were assembled in (their traces' spans as read)."""
-        if len(values) != len(self.ends):
-            return list(values)
         ends = self.ends
-        return [values[i] for i in sorted(range(len(ends)), key=ends.__getitem__)]
+        if len(values) != len(ends):
+            return list(values)
+        if len(self._order) != len(ends):  # sorted once for all the arrays of these requests
+            self._order = sorted(range(len(ends)), key=ends.__getitem__)
+        return [values[i] for i in self._order]
 
     def rates(self) -> list[float]:
         """Completions per second in bins of the active window (:func:`bin_rates`)."""
