@@ -56,6 +56,10 @@ AFTER_RESPONSE_CPU_MS: Final = "tracekit.after_response_cpu_ms"
 START_WAIT_MS: Final = "tracekit.start_wait_ms"
 # The part of it that ran off the event-loop thread (a sync background task in a thread pool).
 AFTER_RESPONSE_CPU_OFF_LOOP_MS: Final = "tracekit.after_response_cpu_off_loop_ms"
+# A request whose server span another instrumentation owns (FastAPI's telemetry): that span
+# ended with the response, so these two go on a child span of this name, from the response's
+# end to the last work after it.
+AFTER_RESPONSE_SPAN: Final = "tracekit.after_response"
 # Number of resumptions (steps) of the stage's code.
 STEPS: Final = "tracekit.steps"
 # The stage's own slices on the event loop that lasted >= 1 ms, as a flat int array

@@ -6,6 +6,7 @@ import itertools
 import random
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,3 +209,44 @@ def test_values_are_read_in_the_order_their_requests_ended() -> None:
     values.add(factories.request("POST /x", 2.0, 4.0))  # a later request: ordered again
     assert values.in_time(values.wall) == [2.0, 5.0, 19.0, 30.0]
     assert values.in_time(values.ttft) == list(values.ttft)
+
+
+def test_a_projection_for_another_route_is_checked_against_that_routes_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A new user's gateway: the plain route's tokenizer held the loop the stream route's
+    # requests waited on, so cpu-on-loop on the plain route was projected for the stream
+    # route. The stream route got 30% faster, the plain one did not change: the projection
+    # is checked against the stream route's change, and says so.
+    from types import SimpleNamespace
+
+    from tracekit.analysis import compare as comparing
+    from tracekit.analysis.rules.findings import Finding
+
+    plain, stream = "POST /v1/chat", "POST /v1/chat/stream"
+    projection = {"route": stream, "p50_ms": [100.0, 70.0], "p95_ms": [150.0, 105.0],
+                  "range": {"p50_ms": [65.0, 75.0], "p95_ms": [95.0, 115.0]}}  # fmt: skip
+    finding = Finding("cpu-on-loop", plain, "tokenize", None, "high", 30.0, "", "", "", projection)
+
+    def side(scale: float, seed: int) -> tuple[Any, dict[str, route_values.RouteValues]]:
+        rng = random.Random(seed)
+        collector = route_values.RouteCollector()
+        for i in range(400):
+            route, base = (stream, 100.0 * scale) if i % 2 else (plain, 50.0)
+            wall = base * (0.9 + 0.2 * rng.random())
+            collector.add(factories.request(route, i * 10.0, i * 10.0 + wall))
+        report = SimpleNamespace(findings=[finding] if scale == 1.0 else [], source=f"{seed}.jsonl",
+                                 requests=400, warnings=[], sample=[])  # fmt: skip
+        return report, collector.routes
+
+    sides = iter([side(1.0, 1), side(0.7, 2)])
+    monkeypatch.setattr(comparing, "_measure", lambda *args: next(sides))
+    result = compare("before.jsonl", "after.jsonl")
+    checks = {r.route: r.projections for r in result.routes}
+    [check] = checks[plain]
+    assert check.route == stream and check.selected
+    assert check.verdict == "held"  # p50 -30% projected and measured on the stream route
+    assert check.metrics[0].measured is next(r for r in result.routes if r.route == stream).latency["p50"]
+    words = " ".join(result.to_text(width=80, color=False).split())
+    assert f"projected for {stream}, whose requests waited for this stage" in words
+    assert result.to_dict()["routes"][0]["projections"][0]["projected_route"] == stream

@@ -220,10 +220,20 @@ def test_high_lag_on_a_loop_under_full_cpu_is_saturation_and_says_why_as_far_as_
     assert "may have waited for a CPU or the GIL (other processes or threads; this trace" in evidence
     evidence = _saturation(_saturated(requests=650.0, runqueue=300.0))
     assert "waited for a CPU 30% of the time (run-queue delay: the host is short of CPU)" in evidence
+    # There the queueing model's core per worker is not there: no projection for more workers
+    # (a new user's run got "p50 -42%" and HIGH from it on a host 22% short).
+    (f,) = [f for f in analyze_spans(_saturated(requests=650.0, runqueue=300.0)).findings
+            if f.rule == "loop-saturated"]  # fmt: skip
+    assert f.projection is None and "# projected for" not in f.fix_code
+    assert f.projection_note is not None and f.projection_note.startswith("more workers need free cores")
+    assert f.severity_reason is not None and f.severity_reason.endswith("(no projection)")
     # Measured and small: no shortage of CPU is claimed (a new user's gateway: 0.9%).
     evidence = _saturation(_saturated(requests=650.0, runqueue=9.0))
     assert "waited for a CPU only 0.9% of the time: its work came in bursts" in evidence
     assert "short of CPU" not in evidence and "may have" not in evidence
+    (f,) = [f for f in analyze_spans(_saturated(requests=650.0, runqueue=9.0)).findings
+            if f.rule == "loop-saturated"]  # fmt: skip
+    assert f.projection is not None and "# projected for" in f.fix_code
     spans = _saturated(requests=650.0, lag=(1.0, 3.0, 9.0))
     assert "loop-saturated" not in [f.rule for f in analyze_spans(spans).findings]
 

@@ -112,8 +112,15 @@ def test_a_saturated_gateway_is_loop_saturated(saturated: tuple[Report, list[Any
     # off-CPU by a host short of CPU as blocking: its documented limit, seen at load 8 on 2 cores.)
     assert "cpu-on-loop" not in rules
     (f,) = [f for f in report.findings if f.rule == "loop-saturated"]
-    assert "--workers" in f.fix_code and f.projection is not None
-    assert f.projection["p50_ms"][1] < f.projection["p50_ms"][0]
+    assert "--workers" in f.fix_code
+    # The load generator shares the 2 cores: where the loop thread waited for a CPU 10% of
+    # the time or more, more workers get no projection (the queueing model gives each a core).
+    short = "the host is short of CPU" in f.evidence
+    if short:
+        assert f.projection is None and f.projection_note is not None
+        assert f.projection_note.startswith("more workers need free cores")
+    else:
+        assert f.projection is not None and f.projection["p50_ms"][1] < f.projection["p50_ms"][0]
     for stage in ("guardrail", "tokenize", "render"):
         assert stage in f.evidence
 

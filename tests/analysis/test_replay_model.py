@@ -19,10 +19,12 @@ from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix, ReplayConfig, Replayer
+from tracekit.analysis.replay.fixes import no_cpu_won
 from tracekit.analysis.replay.host import cpu_count, others_of, quantile_range, widen
 from tracekit.analysis.replay.sim import LOOP, Simulation, lone_rate
 from tracekit.analysis.rules.common import finding
 from tracekit.analysis.rules.findings import RuleContext, assess_severity, severity_for
+from tracekit.analysis.stats.loop_windows import LoopCpu
 from tracekit.cli import main
 
 ROUTE = "POST /v1/chat/completions"
@@ -148,7 +150,7 @@ def test_the_hosts_other_load_is_read_from_the_loops_wait_for_a_cpu() -> None:
     # tokenizer moved beside the loop gets less of a core than on a free host, so the
     # projected gain is smaller.
     traced = _with_cpus(_system("cpu", clients=10), **{semconv.PROCESS_CPUS: 2})
-    shares = {traced[0].service: 0.8}
+    shares = {traced[0].service: LoopCpu(share=0.8, waited=0.05)}
     busy, _ = Replayer(ReplayConfig(), shares).project(traced, FIX)
     free, _ = Replayer(ReplayConfig()).project(traced, FIX)
     assert busy is not None and free is not None
@@ -162,8 +164,46 @@ def test_the_hosts_other_load_is_read_from_the_loops_wait_for_a_cpu() -> None:
     assert given is not None and "host_others" not in given["model"]
     assert given["p50_ms"] == free["p50_ms"]
     # A loop that never waited for a CPU: the cores are free.
-    idle, _ = Replayer(ReplayConfig(), {traced[0].service: 1.0}).project(traced, FIX)
+    idle, _ = Replayer(ReplayConfig(), {traced[0].service: LoopCpu(1.0, 0.0)}).project(traced, FIX)
     assert idle is not None and "host_others" not in idle["model"]
+
+
+def test_on_a_host_short_of_cpu_the_range_reaches_the_fix_winning_no_cpu() -> None:
+    # The loop waited for a CPU 15% of the time (the report calls the host short of CPU from
+    # 10%): the tokenizer moved to a thread may win no CPU from the host. The projection's
+    # point stays the fair-sharing replay's; its range reaches the replay where the moved
+    # work shares the loop's one core (as if it held the GIL), which gains less.
+    traced = _with_cpus(_system("cpu", clients=10), **{semconv.PROCESS_CPUS: 2})
+    service = traced[0].service
+    calm, _ = Replayer(ReplayConfig(), {service: LoopCpu(0.8, 0.05)}).project(traced, FIX)
+    short, _ = Replayer(ReplayConfig(), {service: LoopCpu(0.8, 0.15)}).project(traced, FIX)
+    one_core, _ = Replayer(ReplayConfig(), {service: LoopCpu(0.8, 0.05)}).project(
+        traced, Fix("thread", ROUTE, "tokenize", gil_free=False)
+    )
+    assert calm is not None and short is not None and one_core is not None
+    assert short["p50_ms"] == calm["p50_ms"] and short["p95_ms"] == calm["p95_ms"]
+    assert short["model"]["host_short"] is True and "host_short" not in calm["model"]
+    assert one_core["p50_ms"][1] > calm["range"]["p50_ms"][1]  # outside the fair replay's range
+    for key in ("p50_ms", "p95_ms"):
+        assert short["range"][key][0] == calm["range"][key][0]
+        assert short["range"][key][1] >= one_core[key][1]
+    assert short["range"]["throughput_rps"][0] <= one_core["throughput_rps"][1]
+    # --cores says the cores are free for the gateway: no such case.
+    given, _ = Replayer(ReplayConfig(cores=2), {service: LoopCpu(0.8, 0.15)}).project(traced, FIX)
+    assert given is not None and "host_short" not in given["model"]
+    assert given["range"]["p50_ms"][1] < one_core["p50_ms"][1]
+
+
+def test_only_fixes_that_move_cpu_off_the_loop_have_a_no_cpu_won_case() -> None:
+    assert no_cpu_won(FIX) == Fix("thread", ROUTE, "tokenize", gil_free=False)
+    assert no_cpu_won(Fix("process", ROUTE, "tokenize")) == Fix("thread", ROUTE, "tokenize")
+    for fix in (
+        Fix("thread", ROUTE, "tokenize"),
+        Fix("shrink", ROUTE, "tokenize", factor=0.5),
+        Fix("gather", ROUTE, "tokenize", other="model"),
+        Fix("model_overlap", ROUTE, "model"),
+    ):
+        assert no_cpu_won(fix) is None
 
 
 def test_the_other_load_read_from_a_cpu_share_falls_to_none_as_the_share_nears_one() -> None:

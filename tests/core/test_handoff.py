@@ -82,9 +82,43 @@ def test_each_way_to_hand_work_off_is_the_stages_cpu_off_the_loop(
         assert off <= a[sc.CPU_MS] <= off + 0.5 * BURN_MS, name  # the rest: the stage's own on the loop
         assert a[sc.ON_LOOP] is False, name  # most of its CPU ran elsewhere
         # Not a wait any more: the components still add up to the wall time.
-        parts = a[sc.CPU_MS] + a[sc.WAIT_MS] + a[sc.LOOP_WAIT_MS] + a.get(sc.GC_MS, 0.0)
+        parts = (
+            a[sc.CPU_MS]
+            + a[sc.WAIT_MS]
+            + a[sc.LOOP_WAIT_MS]
+            + a.get(sc.GC_MS, 0.0)
+            + a.get(sc.QUEUE_WAIT_MS, 0.0)
+        )
         assert parts == pytest.approx(a[sc.WALL_MS], rel=0.02, abs=0.5), name
         assert a[sc.WAIT_MS] < a[sc.WALL_MS] - 0.9 * measured[name], name
+
+
+@pytest.mark.parametrize("way", ["to_thread", "anyio"])
+def test_waiting_for_a_free_worker_is_queue_wait_not_io_wait(way: str) -> None:
+    # Two stages hand 30 ms each to a pool with one worker at once: the second waits for the
+    # first's 30 ms before its own start (a new user's seven to_thread calls a request read
+    # as "io wait +3,323%").
+    pool = ThreadPoolExecutor(1)
+    limiter = anyio.CapacityLimiter(1)
+
+    async def hand_off() -> float:
+        if way == "anyio":
+            return float(await anyio.to_thread.run_sync(burn, 30, limiter=limiter))
+        return float(await asyncio.get_running_loop().run_in_executor(pool, burn, 30))
+
+    async def main() -> None:
+        await asyncio.gather(tracekit.stage("first")(hand_off)(), tracekit.stage("second")(hand_off)())
+
+    with tracekit.record() as rec:
+        asyncio.run(main())
+    pool.shutdown()
+    spans = by_name(rec.spans)
+    first, second = spans["first"].attributes, spans["second"].attributes
+    assert first.get(sc.QUEUE_WAIT_MS, 0.0) < 5
+    assert 25 <= second[sc.QUEUE_WAIT_MS] <= second[sc.WALL_MS] - 25
+    assert second[sc.WAIT_MS] < 10  # what is left: the hand-overs, not the other's 30 ms
+    parts = second[sc.CPU_MS] + second[sc.WAIT_MS] + second[sc.LOOP_WAIT_MS] + second[sc.QUEUE_WAIT_MS]
+    assert parts == pytest.approx(second[sc.WALL_MS], rel=0.02, abs=0.5)
 
 
 def test_stages_inside_handed_off_work_keep_their_own_cpu() -> None:

@@ -93,3 +93,23 @@ def test_a_route_without_a_projection_says_there_is_nothing_to_check() -> None:
     data["routes"][0]["projections"] = []
     words = " ".join(render_comparison(data, width=80, color=False, unicode=True).split())
     assert "projected vs measured: nothing to check: before has no projected finding on this route" in words
+
+
+def test_what_got_worse_is_said_whatever_the_verdict_and_tiny_routes_take_a_line() -> None:
+    # A new user's fix: p50 held as projected, but the stream's first token came later.
+    data = comparison().to_dict()
+    [route] = data["routes"]
+    slower = Change(90.0, 164.0, (100, 100), 50.0, 95.0, 0.55, 1.05).to_dict()
+    route["streaming"] = {"ttft_ms": {"p50": slower}, "itl_ms": {}}
+    route["throughput_rps"] = Change(40.0, 30.0, (600, 600), -12.0, -8.0, -0.3, -0.2).to_dict()
+    probe = {**route, "route": "GET /docs", "requests": [1, 1], "projections": []}
+    data["routes"].append(probe)
+    text = render_comparison(data, width=100, color=False, unicode=True)
+    words = " ".join(text.split())
+    assert "significantly worse after: throughput -25.0%, TTFT p50 +82.2%" in words
+    assert (
+        "GET /docs\n" not in text
+        and "Too few requests to compare (under 5 a side, nothing projected): GET /docs (1→1)" in words
+    )
+    # Nothing worse: no such line.
+    assert "worse" not in render_comparison(comparison(), width=100, color=False, unicode=True)

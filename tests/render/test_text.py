@@ -125,6 +125,25 @@ def test_long_names_locations_and_code_wrap_instead_of_being_cut() -> None:
         assert code[0].startswith("x = 1  #") and all(c.startswith("#") for c in code[1:])
 
 
+def test_fix_code_wraps_only_where_the_pasted_code_still_runs() -> None:
+    # A comment line continues as a comment aligned with it (a new user pasted a gc.freeze()
+    # block whose comments had been re-wrapped out of line); a call breaks after a comma
+    # inside its brackets; another statement between tokens, with a backslash.
+    d = report_dict()
+    comment = "    # each worker process has its own event loop and GIL: the load splits 2 ways"
+    call = "    result = await loop.run_in_executor(process_pool, tokenize_sync, text, max_tokens)"
+    plain = "    x = a_rather_long_name_for_a_value + another_rather_long_name_for_a_value"
+    d["findings"][0]["fix"]["code"] = f"async def f():\n{comment}\n{call}\n{plain}\n"
+    lines = render_text(d, width=60, color=False, unicode=True).splitlines()
+    start = next(i for i, line in enumerate(lines) if "async def f" in line)
+    block = lines[start : next(i for i, line in enumerate(lines) if "another_rather" in line) + 1]
+    assert block[1].startswith("          # each worker") and block[2].startswith("          # ")
+    assert all(len(line) <= 60 for line in block)
+    assert any(line.endswith(" \\") for line in block)
+    assert "".join(line.strip() for line in block if "# " not in line).count("max_tokens)") == 1
+    compile("\n".join(line[6:] for line in block), "<fix>", "exec")  # still Python, pasted
+
+
 def test_routes_without_stages_and_next_to_no_time_are_listed_in_one_line() -> None:
     d = report_dict()
     probe = {"route": "GET /docs", "requests": 1, "errors": 0, "throughput_rps": 500.0,
@@ -176,6 +195,10 @@ def test_the_replay_states_its_model() -> None:
     said = " ".join(render_text(d, width=60, color=False).split())
     assert ("2 cores (from the trace), 2.1 other runnable threads on the host (read from the "
             "loop's wait for a CPU: 28% of its ready time), thread pool 6") in said  # fmt: skip
+    d["validation"]["model"].update(host_short=True)
+    said = " ".join(render_text(d, width=60, color=False).split())
+    assert ("28% of its ready time), the host short of CPU: CPU a fix moves off the loop may win "
+            "none from it (the range reaches that case), thread pool 6") in said  # fmt: skip
     d["validation"]["model"] = {"arrivals": "open", "rate_rps": 30.2, "cores": 8,
                                 "cores_source": "this machine"}  # fmt: skip
     said = " ".join(render_text(d, width=60, color=False).split())

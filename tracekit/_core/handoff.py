@@ -17,10 +17,12 @@ off (a stage, or the request's own code):
 
 That ledger makes no span: it is folded into the one that handed the work off
 (:func:`tracekit._core.spawned.finish`), whose ``cpu_off`` grows, so its wait shrinks by as
-much (``tracekit.cpu_off_loop_ms``). Inside ``f`` the handing ledger is current, as it is in
-``asyncio.to_thread``, which copies the context (``run_in_executor`` does not; tracekit sets
-its own variable only). Hooks are installed once per process, by the first runtime; they
-cost one context-variable read per submission when nothing records.
+much (``tracekit.cpu_off_loop_ms``); a thread pool's work that waited for a free worker adds
+that wait to its ``queued`` (``tracekit.queue_wait_ms``), not to its io wait. Inside ``f``
+the handing ledger is current, as it is in ``asyncio.to_thread``, which copies the context
+(``run_in_executor`` does not; tracekit sets its own variable only). Hooks are installed
+once per process, by the first runtime; they cost one context-variable read per submission
+when nothing records.
 
 Limits: executors that do not go through these ``submit`` methods (a class overriding
 ``submit`` without calling it), threads started directly, the CPU of a process worker's call
@@ -36,7 +38,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Final
 
-from tracekit._core import spawned, stage_timing
+from tracekit._core import clock, spawned, stage_timing
 from tracekit._core.current import get_ledger, reset_ledger, set_ledger
 from tracekit._core.failsafe import internal_error
 from tracekit._core.ledger import SPAWNED, Ledger
@@ -68,19 +70,24 @@ def _begin(handing: Ledger) -> Ledger | None:
 
 
 class InThread:
-    """``fn`` as a worker thread runs it: one step of a handed-off ledger."""
+    """``fn`` as a worker thread runs it: one step of a handed-off ledger. With ``queue``,
+    the time from its submission to its start (waiting for a free worker) is the ledger's
+    queue wait (anyio's wait for its capacity limiter is counted as a lock wait already)."""
 
-    __slots__ = ("fn", "handing")
+    __slots__ = ("fn", "handing", "submitted")
 
-    def __init__(self, fn: Any, handing: Ledger) -> None:
+    def __init__(self, fn: Any, handing: Ledger, queue: bool = True) -> None:
         self.fn = fn
         self.handing = handing
+        self.submitted = clock.wall_ns() if queue else 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         led = token = None
         try:
             led = _begin(self.handing)
             if led is not None:
+                if self.submitted:
+                    led.queued = max(0, clock.wall_ns() - self.submitted)
                 token = set_ledger(self.handing)
                 stage_timing.step_in(led)
         except Exception:
@@ -153,7 +160,7 @@ def _anyio_run_sync(original: Any) -> Any:
     async def run_sync(func: Any, *args: Any, **kwargs: Any) -> Any:
         handing = _handing()
         if handing is not None:
-            func = InThread(func, handing)
+            func = InThread(func, handing, queue=False)
         return await original(func, *args, **kwargs)
 
     run_sync.tracekit_original = original  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from tracekit import semconv
 from tracekit._core import clock
 from tracekit._core.ledger import REQUEST, SPAWNED, Ledger
-from tracekit._core.request_record import Request
+from tracekit._core.request_record import Request, new_span_id
 from tracekit._export import sdk, span_attributes
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
@@ -92,7 +92,27 @@ def build(request: Request, resource: Any, scope: InstrumentationScope) -> list[
     if request.server:
         spans.append(_server_span(request, resource, scope, end, offset, request_context,
                                   remote_parent, parts, privacy))  # fmt: skip
+    else:  # the enriched span ended with the response: what ran after it needs its own
+        after = _after_response(request, resource, scope, offset, request_context, parts, open_at)
+        if after is not None:
+            spans.append(after)
     return spans
+
+
+def _after_response(request: Request, resource: Any, scope: InstrumentationScope, offset: int,
+                    parent: SpanContext, parts: list[tuple[int, int, int, int]],
+                    open_at: int) -> ReadableSpan | None:  # fmt: skip
+    """The ``tracekit.after_response`` span of a request whose server span another
+    instrumentation owns, when its code used CPU after the response; else ``None``."""
+    attrs = span_attributes.request_attributes(request, parts)
+    if semconv.AFTER_RESPONSE_CPU_MS not in attrs or not request.end:
+        return None
+    keys = (semconv.AFTER_RESPONSE_CPU_MS, semconv.AFTER_RESPONSE_CPU_OFF_LOOP_MS)
+    kept: dict[str, Any] = {key: attrs[key] for key in keys if key in attrs}
+    last = max([request.end, *(span_attributes.ledger_end(led, open_at) for led in request.ledgers)])
+    context = sdk.span_context(request.trace_id, new_span_id(), request.trace_state)
+    return sdk.readable_span(semconv.AFTER_RESPONSE_SPAN, context, parent, resource, kept, (), _INTERNAL,
+                             _OK, request.end + offset, last + offset, scope)  # fmt: skip
 
 
 def _server_span(request: Request, resource: Any, scope: InstrumentationScope, end: int,

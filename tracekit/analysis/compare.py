@@ -242,18 +242,27 @@ def compare(
             f"{_names(a_values)}"
         )
     found_after = {(f.rule, f.route, f.stage) for f in a_report.findings}
-    routes = []
-    for name in common:
-        compared = _route(name, b_values[name], a_values[name], seed, confidence, draws)
-        measured = {"throughput_rps": compared.throughput}
-        measured.update({f"{key}_ms": change for key, change in compared.latency.items()})
+    routes = [_route(name, b_values[name], a_values[name], seed, confidence, draws) for name in common]
+    measured: dict[str, dict[str, Change]] = {}
+    for compared in routes:
+        changes = measured[compared.route] = {"throughput_rps": compared.throughput}
+        changes.update({f"{key}_ms": change for key, change in compared.latency.items()})
+    for compared in routes:
+        name = compared.route
         on_route = [f for f in b_report.findings if f.route == name]
         made = _made(on_route, wanted)
         checks = []
         for f in on_route:
             found = (f.rule, f.route, f.stage) in found_after
             if isinstance(f.projection, Mapping):
-                checks.append(check_finding(f.to_dict(), measured, still_found=found, selected=f is made))
+                # A fix to this route's stage may be projected for the route whose requests
+                # waited for it: its figures are checked against that route's change.
+                target = f.projection.get("route")
+                target = target if isinstance(target, str) and target else name
+                check = check_finding(f.to_dict(), measured.get(target, {}), still_found=found,
+                                      selected=f is made)  # fmt: skip
+                check.route = None if target == name else target
+                checks.append(check)
             elif f is made:
                 checks.append(unprojected(f.to_dict(), still_found=found))
             else:
@@ -261,7 +270,6 @@ def compare(
             if f is made and f.stage is not None:
                 checks[-1].stage_ms = _stage_change(f.stage, b_values[name], a_values[name], confidence)
         compared.projections = checks
-        routes.append(compared)
     if wanted is not None and not any(c.selected for r in routes for c in r.projections):
         labels = sorted({f.rule if f.stage is None else f"{f.rule}:{f.stage}" for f in b_report.findings
                          if f.route in b_values and f.route in a_values})  # fmt: skip

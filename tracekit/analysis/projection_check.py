@@ -110,6 +110,9 @@ class ProjectionCheck:
         note: without one, why (the finding's ``projection_note``).
         stage_ms: the change made's stage, measured: its mean wall ms per request (set by
             ``compare`` for the selected finding of a stage), else ``None``.
+        route: the route the projection's figures are for, where it is not the finding's
+            own (a fix to one route's stage projected for the route whose requests waited),
+            else ``None``; its measured change is the one checked.
     """
 
     rule: str
@@ -122,6 +125,7 @@ class ProjectionCheck:
     projected: bool = True
     note: str | None = None
     stage_ms: Change | None = None
+    route: str | None = None
 
     @property
     def label(self) -> str:
@@ -152,6 +156,7 @@ class ProjectionCheck:
             "still_found": self.still_found,
             "model": self.model,
             "projection_note": self.note,
+            "projected_route": self.route,
             "stage_ms": None if self.stage_ms is None else self.stage_ms.to_dict(),
             "metrics": [m.to_dict() for m in self.metrics],
         }

@@ -204,7 +204,7 @@ def _rules_and_validation(
 ) -> tuple[list[Finding], dict[str, Any] | None]:
     single = only[0] if only is not None and len(only) == 1 else None
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
-    replayer = Replayer(ReplayConfig(cores=cores), agg.loops.cpu_shares())
+    replayer = Replayer(ReplayConfig(cores=cores), agg.loops.loop_cpu())
     ctx = RuleContext(
         route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops
     )

@@ -79,8 +79,20 @@ class _Renderer:
 
     def render(self, d: Mapping[str, Any]) -> str:
         self._header(d)
+        few = []
         for route in d.get("routes") or []:
-            self._route(route)
+            if _too_few(route):
+                few.append(route)
+            else:
+                self._route(route)
+        if few:  # a readiness probe, a docs page: a line, not a table of "no interval"
+            self._add()
+            counts = []
+            for r in few:
+                before, after = _two(r.get("requests"))
+                counts.append(f"{_s(r.get('route'))} ({before}{self.g.arrow}{after})")
+            self._wrap(f"Too few requests to compare (under {_FEW} a side, nothing projected): "
+                       f"{', '.join(counts)}", 0, self.p.dim, hang=2)  # fmt: skip
         for key, label in (("only_before", "before"), ("only_after", "after")):
             names = d.get(key) or []
             if names:
@@ -133,6 +145,9 @@ class _Renderer:
                 for key, change in (streaming.get(name) or {}).items():
                     self._row(f"{label} {_s(key)} ms", change)
             self._wrap("(ITL: each request's own p95 inter-chunk gap)", 4 + _LABEL, p.dim)
+        worse = _worse(r)
+        if worse:  # whatever the projection's verdict below, a user must see these
+            self._wrap(f"significantly worse after: {', '.join(worse)}", 2, p.yellow, hang=4)
         parts = r.get("breakdown_ms")
         if isinstance(parts, Mapping):
             self._add("  breakdown, mean ms per request")
@@ -177,6 +192,9 @@ class _Renderer:
         if c.get("projection_note"):
             self._wrap(f"no projection: {_s(c['projection_note'])}; the measured change only", 6,
                        p.dim, hang=2)  # fmt: skip
+        if c.get("projected_route"):
+            self._wrap(f"projected for {_s(c['projected_route'])}, whose requests waited for this "
+                       f"stage: checked against that route's change", 6, p.dim, hang=2)  # fmt: skip
         if c.get("stage"):
             self._row("  stage ms/request", c.get("stage_ms"))
         # The mechanism judged only the change made: another fix's figures are not shown.
@@ -216,6 +234,40 @@ class _Renderer:
         # Wrapped as plain text, the whole line in the verdict's colour: codes take no columns.
         self._wrap(f"{label:<4} projected {projected}, measured {shown}: {said}", 6,
                    _tone(self.p, verdict), hang=5)  # fmt: skip
+
+
+#: A route with fewer requests than this on a side and no projection is listed, not tabled
+#: (the intervals need 5 requests a side).
+_FEW = 5
+
+
+def _too_few(route: Mapping[str, Any]) -> bool:
+    requests = route.get("requests")
+    counts = [n for n in requests if _is_number(n)] if isinstance(requests, Sequence) else []
+    return len(counts) == 2 and min(counts) < _FEW and not route.get("projections")
+
+
+def _worse(route: Mapping[str, Any]) -> list[str]:
+    """The route's user-facing figures that got significantly worse: latency, TTFT and ITL
+    up, throughput down."""
+    rows: list[tuple[str, Any, int]] = []
+    latency = route.get("latency_ms")
+    if isinstance(latency, Mapping):
+        rows += [(f"p{q[1:]}", latency.get(q), 1) for q in ("p50", "p95", "p99")]
+    rows.append(("throughput", route.get("throughput_rps"), -1))
+    streaming = route.get("streaming")
+    if isinstance(streaming, Mapping):
+        for name, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
+            values = streaming.get(name)
+            if isinstance(values, Mapping):
+                rows += [(f"{label} {_s(key)}", change, 1) for key, change in values.items()]
+    out = []
+    for label, change, worse_sign in rows:
+        if (isinstance(change, Mapping) and change.get("significant") is True
+                and _is_number(change.get("change")) and change["change"] * worse_sign > 0):  # fmt: skip
+            pct = change.get("change_pct")
+            out.append(f"{label} {pct:+.1f}%" if _is_number(pct) else f"{label} {_signed(change['change'])}")
+    return out
 
 
 def _zero_in_both(change: Any) -> bool:

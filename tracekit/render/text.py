@@ -16,11 +16,13 @@ when colour is on, its SGR colour codes.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import sys
 import textwrap
+import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -246,21 +248,26 @@ class _Renderer:
         self._wrap(" ".join(text.split()), indent, tone, hang=2)
 
     def _code(self, line: str) -> None:
-        # A code line wider than the width continues on the next line, 4 columns further
-        # in (a comment's continuation stays a comment): nothing of the fix is cut.
+        # Nothing of the fix is cut, and what is printed still runs when pasted: a comment
+        # wider than the width continues as a comment (aligned with it, or 4 columns in after
+        # code); a statement breaks only inside its brackets, after a "(" or a ",", and
+        # continues 4 columns in (Python joins lines there); one that cannot stays whole.
         line = "".join(c if c.isprintable() else " " for c in line.expandtabs(4)).rstrip()
         limit = self.width - 6
-        if len(line) <= limit:
-            self._add(f"      {self.p.cyan}{line}{self.p.reset}")
-            return
         indent = len(line) - len(line.lstrip())
-        hang = " " * (indent + 4)
-        parts = textwrap.wrap(line, limit, subsequent_indent=hang, break_on_hyphens=False)
         comment = line.find("#")  # a comment (or a "#" in a string: then one more is harmless)
-        if 0 <= comment < len(parts[0]):
-            # The break falls inside the comment: its continuation stays a comment.
-            parts = textwrap.wrap(line, limit, subsequent_indent=hang + "# ",
+        if len(line) <= limit:
+            parts = [line]
+        elif comment == indent:
+            parts = textwrap.wrap(line, limit, subsequent_indent=" " * indent + "# ",
                                   break_on_hyphens=False)  # fmt: skip
+        elif 0 <= comment < limit and len(line[:comment].rstrip()) < limit:
+            parts = textwrap.wrap(line, limit, subsequent_indent=" " * (indent + 4) + "# ",
+                                  break_on_hyphens=False)  # fmt: skip
+            if len(parts[0]) <= comment:  # the break fell inside the code
+                parts = _statement(line, limit, indent)
+        else:
+            parts = _statement(line, limit, indent)
         for part in parts:
             self._add(f"      {self.p.cyan}{part}{self.p.reset}")
 
@@ -553,6 +560,52 @@ class _Renderer:
         self._wrap(f"projected: {f' {g.dot} '.join(parts)}", 4, self.p.green, hang=2)
 
 
+def _statement(line: str, limit: int, indent: int) -> list[str]:
+    """A code line in pieces of at most ``limit`` columns that still run when pasted, the
+    pieces after the first 4 columns in. Python's tokens say where it may break: inside
+    brackets after an opening one or a comma (Python joins those lines), elsewhere between
+    tokens with a backslash; never in a string or a comment. A piece with no such place stays
+    whole; a line that is not Python (a stray character) wraps as text."""
+    inside: list[int] = []  # break columns: a newline is enough
+    outside: list[int] = []  # ... a backslash is needed
+    depth = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            kind, text, end = token.type, token.string, token.end[1]
+            if kind == tokenize.ERRORTOKEN:
+                return textwrap.wrap(line, limit, subsequent_indent=" " * (indent + 4),
+                                     break_on_hyphens=False)  # fmt: skip
+            if kind == tokenize.COMMENT:
+                break
+            if kind == tokenize.OP and text in "([{":
+                depth += 1
+                inside.append(end)
+            elif kind == tokenize.OP and text in ")]}":
+                depth -= 1
+            elif kind == tokenize.OP and text == "," and depth > 0:
+                inside.append(end)
+            if depth == 0 and kind in (tokenize.NAME, tokenize.NUMBER, tokenize.STRING, tokenize.OP):
+                outside.append(end)
+    except (tokenize.TokenError, SyntaxError):  # brackets open at the end: the breaks so far
+        pass
+    hang = " " * (indent + 4)
+    parts, start, prefix = [], 0, ""
+    while len(prefix) + len(line) - start > limit:
+        fit = [b for b in inside if start < b and len(prefix) + b - start <= limit]
+        joint = ""
+        if not fit:  # a backslash and the space before it take two columns
+            fit = [b for b in outside if start < b < len(line) and len(prefix) + b - start + 2 <= limit]
+            joint = " \\"
+        if not fit:
+            break
+        parts.append(prefix + line[start : fit[-1]].rstrip() + joint)
+        start, prefix = fit[-1], hang
+        while start < len(line) and line[start] == " ":
+            start += 1
+    parts.append(prefix + line[start:])
+    return parts
+
+
 def model_words(model: Mapping[str, Any]) -> str:
     """The replay's model statement (``validation.model``, ``projection.model``) in words."""
     if model.get("arrivals") == "closed":
@@ -576,6 +629,11 @@ def model_words(model: Mapping[str, Any]) -> str:
         parts.append(
             f"{model['host_others']:.1f} other runnable threads on the host (read from the "
             f"loop's wait for a CPU: {1 - model['loop_cpu_share']:.0%} of its ready time)"
+        )
+    if model.get("host_short") is True:
+        parts.append(
+            "the host short of CPU: CPU a fix moves off the loop may win none from it (the "
+            "range reaches that case)"
         )
     if _is_number(model.get("thread_pool_size")):
         parts.append(f"thread pool {_int(model['thread_pool_size'])}")

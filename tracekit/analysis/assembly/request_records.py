@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any
 
 import orjson
+from msgspec.structs import replace
 
 from tracekit import semconv
 from tracekit.analysis.assembly.blocked_sites import blocked_site
@@ -149,6 +150,12 @@ def _request(head: Span, children: dict[str, list[Span]]) -> RequestRecord:
         if span.kind == "server":
             if model_server_span(span):
                 servers.append(span)
+            continue
+        if span.name == semconv.AFTER_RESPONSE_SPAN and span.parent_id == head.span_id:
+            # The CPU after the response of a request whose server span another
+            # instrumentation owned (it had ended): the request's, as if on its span.
+            head = replace(head, attributes={**span.attributes, **head.attributes})
+            visited.add(span.span_id)
             continue
         visited.add(span.span_id)
         stages.append(stage_record(span))

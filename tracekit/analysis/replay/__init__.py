@@ -35,7 +35,15 @@ from tracekit import semconv
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.build import ProgramBuilder
-from tracekit.analysis.replay.fixes import FIX_ACTIONS, PROCESSES, THREADS, Fix, ModelCall, not_applied_note
+from tracekit.analysis.replay.fixes import (
+    FIX_ACTIONS,
+    PROCESSES,
+    THREADS,
+    Fix,
+    ModelCall,
+    no_cpu_won,
+    not_applied_note,
+)
 from tracekit.analysis.replay.host import (
     FROM_MACHINE,
     Host,
@@ -56,6 +64,7 @@ from tracekit.analysis.replay.run import (
     simulate,
 )
 from tracekit.analysis.replay.sim import Node
+from tracekit.analysis.stats.loop_windows import LoopCpu
 from tracekit.analysis.stats.model_calls import model_calls
 from tracekit.errors import ConfigurationError
 
@@ -178,10 +187,9 @@ class Replayer:
 
     Args:
         config: the model's parameters (defaults: :class:`ReplayConfig`).
-        cpu_shares: per service, the share of a CPU its event loop got while ready to run,
-            from the trace's loop windows
-            (:meth:`~tracekit.analysis.stats.loop_windows.LoopWindows.cpu_shares`): the
-            host's other load is read from it (:mod:`~tracekit.analysis.replay.host`).
+        loop_cpu: per service, what its event loop got of the host's CPU, from the trace's
+            loop windows (:meth:`~tracekit.analysis.stats.loop_windows.LoopWindows.loop_cpu`):
+            the host's other load is read from it (:mod:`~tracekit.analysis.replay.host`).
             ``None``: the cores are taken as free.
 
     Cost: one replay is O(events x log events) (about 2 per loop step and 1 per delay) plus
@@ -193,10 +201,10 @@ class Replayer:
     """
 
     def __init__(
-        self, config: ReplayConfig | None = None, cpu_shares: Mapping[str, float] | None = None
+        self, config: ReplayConfig | None = None, loop_cpu: Mapping[str, LoopCpu] | None = None
     ) -> None:
         self.config = config or ReplayConfig()
-        self._cpu_shares = cpu_shares
+        self._loop_cpu = loop_cpu
         # Everything below belongs to the sample in ``_sample`` (held, so that the ids used
         # as keys stay valid); a new sample clears it.
         self._sample: Sequence[RequestRecord] | None = None
@@ -260,8 +268,9 @@ class Replayer:
                 ``fix.measured_route``.
 
         Returns:
-            ``({"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [...],
-            "range": {"p50_ms": [lo, hi], ...}, "model": {...}}, None)`` (the range is the
+            ``({"route": ..., "p50_ms": [before, after], "p95_ms": [...], "throughput_rps":
+            [...], "range": {"p50_ms": [lo, hi], ...}, "model": {...}}, None)`` (``route``:
+            the route the figures are for, ``fix.measured_route``; the range is the
             after's, :mod:`~tracekit.analysis.replay.host`; the model statement, see
             ``docs/analyzer.md``), or ``(None, note)`` saying why there is no projection and,
             when the replay could not reproduce the route, what would let it project.
@@ -300,27 +309,53 @@ class Replayer:
             )
         variant = (fix.stage, fix.queue) if calls else None
         self._applied = False
-        after = self._simulate(fix, calls, self._capacities(calls, fix), variant)
+        capacities = self._capacities(calls, fix)
+        after = self._simulate(fix, calls, capacities, variant)
         if not calls and not self._applied:
             return None, not_applied_note(fix)
-        return self._projection(before, after, route), None
+        # On a host short of CPU, the CPU moved off the loop may win none from it: the
+        # range reaches that replay too.
+        bound = no_cpu_won(fix)
+        far = None
+        if bound is not None and self._host_short(route):
+            far = self._simulate(bound, calls, capacities, variant)
+        return self._projection(before, after, route, far), None
 
-    def _projection(self, before: Run, after: Run, route: str) -> dict[str, Any]:
-        """Before/after figures of ``route``, the after's range and the model statement."""
+    def _projection(self, before: Run, after: Run, route: str, far: Run | None = None) -> dict[str, Any]:
+        """Before/after figures of ``route``, the after's range (reaching ``far``'s figures
+        too, when given) and the model statement."""
         reqs = self._reqs
         b, a = figures(reqs, before, route), figures(reqs, after, route)
         real = measured(reqs, before, route)
-        simulated = latencies(reqs, after, route)
+        runs = [after] if far is None else [after, far]
+        simulated = [latencies(reqs, run, route) for run in runs]
         spread: dict[str, list[float]] = {}
         for key, q in (("p50_ms", 0.5), ("p95_ms", 0.95)):
             error = b[key] / real[key] - 1 if real[key] > 0 else 0.0
-            spread[key] = widen(quantile_range(simulated, q), error)
+            intervals = [quantile_range(values, q) for values in simulated]
+            spread[key] = widen((min(lo for lo, _ in intervals), max(hi for _, hi in intervals)), error)
         x_error = b["throughput_rps"] / real["throughput_rps"] - 1 if real["throughput_rps"] > 0 else 0.0
-        spread["throughput_rps"] = throughput_range(a["throughput_rps"], x_error, len(simulated))
-        out: dict[str, Any] = {key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")}
+        rates = [throughput_range(figures(reqs, run, route)["throughput_rps"], x_error, len(simulated[0]))
+                 for run in runs]  # fmt: skip
+        spread["throughput_rps"] = [min(lo for lo, _ in rates), max(hi for _, hi in rates)]
+        out: dict[str, Any] = {"route": route}
+        out.update({key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")})
         out["range"] = spread
         out["model"] = self._statement(route)
         return out
+
+    def _host_short(self, route: str) -> bool:
+        """Whether the host of ``route``'s service was short of CPU (after a replay)."""
+        loops = self._loops
+        return loops is not None and loops.services[self._service(route)].host.short
+
+    def _service(self, route: str) -> str:
+        """The service most of ``route``'s replayed requests are of."""
+        counts: dict[str, int] = {}
+        for req in self._reqs:
+            if req.route == route:
+                counts[req.service] = counts.get(req.service, 0) + 1
+        return max(sorted(counts), key=lambda s: counts[s])
 
     def _statement(self, route: str | None) -> dict[str, Any] | None:
         """The model statement of ``route``'s service (``None``: the busiest service)."""
@@ -329,11 +364,7 @@ class Replayer:
             return None
         reqs = self._reqs
         if route is not None:
-            counts: dict[str, int] = {}
-            for req in reqs:
-                if req.route == route:
-                    counts[req.service] = counts.get(req.service, 0) + 1
-            service = max(sorted(counts), key=lambda s: counts[s])
+            service = self._service(route)
         else:
             service = max(sorted(loops.services), key=lambda s: len(loops.services[s].indexes))
         loop = loops.services[service]
@@ -448,7 +479,7 @@ class Replayer:
             config = self.config
             self._loops = Loops(self._reqs, config.arrivals, config.closed_loop_gap_ms,
                                 config.closed_loop_fraction, config.cores,
-                                config.thread_pool_size, self._cpu_shares)  # fmt: skip
+                                config.thread_pool_size, self._loop_cpu)  # fmt: skip
         return simulate(self._loops, lambda req, host: self._program(req, host, fix, calls, variant),
                         capacities)  # fmt: skip
 

@@ -17,7 +17,7 @@ Every function returns new lists: the lists it is given may be shared with other
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tracekit.analysis.model import StageRecord
 from tracekit.analysis.replay.nodes import merge_loops, trim_delays_before
@@ -136,6 +136,24 @@ def loop_node(fix: Fix | None, gil: float, block: float, targeted: bool) -> Node
     if block > 0:
         inner.append((DELAY, block))
     return (HOLD, THREADS if fix.action == "thread" else PROCESSES, inner)
+
+
+def no_cpu_won(fix: Fix) -> Fix | None:
+    """``fix`` with the CPU it moves off the loop winning no CPU from the host, or ``None``
+    when it moves no CPU to another thread or process.
+
+    The moved work then holds the GIL (a ``thread`` fix that is not ``gil_free``): the
+    process gets one core, as the loop thread alone had. On a host short of CPU this is the
+    far end of the projection's range (:class:`~tracekit.analysis.replay.Replayer`): there
+    the thread a fix adds competes with the host's other load, and the fair sharing the
+    replay assumes gave it more than the kernel did. Measured on the validation's busy host
+    (two CPU hogs, 2 cores; ``cpu-on-loop``, docs/analyzer-rules.md "A host short of CPU"):
+    the loop thread got 0.78 of a CPU while ready before the fix, its worker threads 0.55
+    after it, and the process as much CPU a second as before.
+    """
+    if fix.action == "process" or (fix.action == "thread" and fix.gil_free):
+        return replace(fix, action="thread", gil_free=False)
+    return None
 
 
 def restructure(fix: Fix | None, blocks: Blocks) -> Blocks:

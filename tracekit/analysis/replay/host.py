@@ -28,8 +28,12 @@ uncertainties, both read from the trace: the sampling error of a percentile of t
 replayed requests (a distribution-free 95% interval from the order statistics: the
 ranks ``n q ± 1.96 sqrt(n q (1 - q))``), and the model's own error on this route as
 recorded (the validation's residual: when the as-recorded replay came out 6% short, the
-after may be 6% short too, so the range reaches ``after / (1 - 0.06)``). Throughput: the
+after may be 6% off too, either way: :func:`widen`). Throughput: the
 residual of the as-recorded throughput, and a count's sampling error (``1.96 / sqrt(n)``).
+On a host short of CPU (``Host.short``), a fix that moves CPU to a thread or a process is
+replayed a second time with that work winning no CPU from the host
+(:func:`~tracekit.analysis.replay.fixes.no_cpu_won`), and the range reaches that replay's
+intervals too: the fair sharing above gave such work more of a busy host than the kernel did.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 from tracekit import semconv
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.sim import lone_rate
+from tracekit.analysis.stats.loop_windows import LoopCpu
 
 #: Where the cores came from, as the statement says it.
 FROM_OPTION = "--cores"
@@ -67,6 +72,10 @@ class Host:
         others: the host's other runnable threads, on average (0: the cores are free).
         loop_cpu_share: the share of a CPU the loop thread got while ready to run, where the
             trace measured it (what ``others`` was read from), else ``None``.
+        short: the host was short of CPU (:attr:`LoopCpu.host_short
+            <tracekit.analysis.stats.loop_windows.LoopCpu.host_short>`): a fix that moves CPU
+            off the loop may win none of it (the range's far end:
+            :func:`~tracekit.analysis.replay.fixes.no_cpu_won`).
     """
 
     cores: int
@@ -75,6 +84,7 @@ class Host:
     thread_pool_size: int
     others: float = 0.0
     loop_cpu_share: float | None = None
+    short: bool = False
 
     @property
     def cpu_wait(self) -> float:
@@ -111,16 +121,16 @@ def _recorded(reqs: Sequence[RequestRecord], key: str) -> int | None:
 
 
 def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: int | None,
-            loop_cpu_share: float | None = None) -> Host:  # fmt: skip
+            loop_cpu: LoopCpu | None = None) -> Host:  # fmt: skip
     """The :class:`Host` of one service's requests.
 
     Args:
         reqs: the service's replayed requests.
         cores: the configured cores (``None``: the trace's, else this machine's).
         thread_pool_size: the configured pool (``None``: asyncio's default on the host).
-        loop_cpu_share: the share of a CPU the service's loop thread got while ready to run
-            (:meth:`~tracekit.analysis.stats.loop_windows.LoopWindows.cpu_shares`), or
-            ``None`` where not measured. Not used with configured ``cores``.
+        loop_cpu: what the service's loop threads got of the host's CPU
+            (:meth:`~tracekit.analysis.stats.loop_windows.LoopWindows.loop_cpu`), or ``None``
+            where not measured. Not used with configured ``cores``.
     """
     machine = _recorded(reqs, semconv.HOST_CPUS)
     if cores is not None:
@@ -132,9 +142,10 @@ def host_of(reqs: Sequence[RequestRecord], cores: int | None, thread_pool_size: 
         else:
             found, source = os.cpu_count() or 1, FROM_MACHINE
     pool = thread_pool_size or min(32, (machine or found) + 4)
-    if cores is not None or loop_cpu_share is None or not 0 < loop_cpu_share < 1:
+    if cores is not None or loop_cpu is None or not 0 < loop_cpu.share < 1:
         return Host(found, source, machine, pool)
-    return Host(found, source, machine, pool, others_of(found, loop_cpu_share), loop_cpu_share)
+    share = loop_cpu.share
+    return Host(found, source, machine, pool, others_of(found, share), share, loop_cpu.host_short)
 
 
 def others_of(cores: int, loop_cpu_share: float) -> float:
@@ -180,6 +191,7 @@ def statement(host: Host, mode: str, clients: int, rate_rps: float, requests: in
             if host.loop_cpu_share is None
             else {"host_others": round(host.others, 2), "loop_cpu_share": round(host.loop_cpu_share, 3)}
         ),
+        **({"host_short": True} if host.short else {}),
         "thread_pool_size": host.thread_pool_size,
         "event_loops": 1,
         "gil": True,

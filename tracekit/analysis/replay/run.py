@@ -18,6 +18,7 @@ from tracekit.analysis.replay.arrivals import Arrivals, arrivals
 from tracekit.analysis.replay.fixes import PROCESSES, THREADS
 from tracekit.analysis.replay.host import Host, host_of
 from tracekit.analysis.replay.sim import Node, Simulation
+from tracekit.analysis.stats.loop_windows import LoopCpu
 
 # Slices of different requests overlapping for more than this share of the loop time means
 # the trace mixes several event loops (worker processes), which the one-loop model is not.
@@ -61,15 +62,15 @@ class Loops:
         mode / gap_ms / min_fraction: arrival options (``ReplayConfig``).
         cores / thread_pool_size: the configured host (``None``: per service, from the trace;
             :func:`~tracekit.analysis.replay.host.host_of`).
-        cpu_shares: per service, the share of a CPU its loop thread got while ready to run
-            (the host's other load is read from it), where the trace measured it.
+        loop_cpu: per service, what its loop threads got of the host's CPU (the host's other
+            load is read from it), where the trace measured it.
 
     Cost: O(requests + loop slices, log) once; every replay of the sample reuses it.
     """
 
     def __init__(self, reqs: list[RequestRecord], mode: str, gap_ms: float, min_fraction: float,
                  cores: int | None = None, thread_pool_size: int | None = None,
-                 cpu_shares: Mapping[str, float] | None = None) -> None:  # fmt: skip
+                 loop_cpu: Mapping[str, LoopCpu] | None = None) -> None:  # fmt: skip
         self.reqs = reqs
         self.t0 = min((r.start_ns for r in reqs), default=0)
         by_service: dict[str, list[int]] = {}
@@ -79,7 +80,7 @@ class Loops:
         for service, indexes in by_service.items():
             group = [reqs[i] for i in indexes]
             plan = arrivals(group, self.t0, mode, gap_ms, min_fraction)
-            host = host_of(group, cores, thread_pool_size, (cpu_shares or {}).get(service))
+            host = host_of(group, cores, thread_pool_size, (loop_cpu or {}).get(service))
             self.services[service] = _Loop(indexes, plan, mixes_loops(group), host)
 
 

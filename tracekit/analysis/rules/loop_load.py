@@ -197,8 +197,8 @@ def queueing_projection(
     ``tracekit.gc_ms``, is taken off its latency).
 
     Returns:
-        ``{"p50_ms": [before, after], "p95_ms": [...], "throughput_rps": [rps, rps],
-        "range": {...}, "model": {...}}``, or ``None`` without instrumented requests of the
+        ``{"route": route, "p50_ms": [before, after], "p95_ms": [...], "throughput_rps":
+        [rps, rps], "range": {...}, "model": {...}}``, or ``None`` without instrumented requests of the
         route.
     """
     reqs = [r for r in requests if r.route == route and r.instrumented]
@@ -220,6 +220,7 @@ def queueing_projection(
     # no replay residual to carry); the model statement: this module's docstring.
     p50, p95 = quantile_range(after, 0.5), quantile_range(after, 0.95)
     return {
+        "route": route,
         "p50_ms": [percentile(before, 0.5), percentile(after, 0.5)],
         "p95_ms": [percentile(before, 0.95), percentile(after, 0.95)],
         "throughput_rps": [rps, rps],

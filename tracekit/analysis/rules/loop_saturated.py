@@ -156,7 +156,12 @@ class LoopSaturated:
         now = load.processes
         workers = max(now + 1, math.ceil(now * rho / self.target_busy))
         rho_after = rho * now / workers
-        projection = queueing_projection(requests, victim, utilisation_factor(rho, rho_after))
+        # The queueing model gives each worker a core of its own: on a host short of CPU the
+        # cores are not free, and it would project a gain the host cannot give.
+        short = load.cpu_wait_share is not None and load.cpu_wait_share >= HOST_SHORT_SHARE
+        projection = (
+            None if short else queueing_projection(requests, victim, utilisation_factor(rho, rho_after))
+        )
         per_request = load.per_request(total)
         ranked = sorted(cpu, key=lambda k: (-cpu[k], k[0], k[1] or ""))
         n = max(1, len(load.requests))
@@ -234,7 +239,11 @@ class LoopSaturated:
             rule=self.id, route=victim, stage=None, function=None,
             severity=severity, severity_reason=reason, impact_ms=impact, evidence="; ".join(evidence),
             fix_title=title, fix_code=code, projection=projection,
-            projection_note=None if projection is not None else "no instrumented requests to project",
+            projection_note=None if projection is not None else (
+                f"more workers need free cores, and the loop thread waited for a CPU "
+                f"{load.cpu_wait_share:.0%} of the time (the host is short of CPU): the queueing "
+                f"model, a core per worker, would project a gain the host cannot give"
+                if short else "no instrumented requests to project"),
         )  # fmt: skip
 
     @staticmethod
@@ -306,7 +315,7 @@ class LoopSaturated:
             if code.hot:
                 text += f"#     pyinstrument: most self time in {code.hot.splitlines()[0]}\n"
             text += "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
-            lines.append((name_of(name), text))
+            lines.append((name_of(name) if route == victim else f"{name_of(name)} ({route})", text))
         return lines
 
 

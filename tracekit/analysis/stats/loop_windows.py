@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -41,8 +42,8 @@ from tracekit.analysis.assembly.request_records import ms_value
 from tracekit.analysis.model import Span
 from tracekit.analysis.stats.quantiles import Quantiles
 
-__all__ = ["HOST_SHORT_SHARE", "MAX_KEPT", "MAX_LOOPS", "OTHER_LOOPS", "LoopStats", "LoopWindow",
-           "LoopWindows", "is_loop_window", "processes", "window_of"]  # fmt: skip
+__all__ = ["HOST_SHORT_SHARE", "MAX_KEPT", "MAX_LOOPS", "OTHER_LOOPS", "LoopCpu", "LoopStats",
+           "LoopWindow", "LoopWindows", "is_loop_window", "processes", "window_of"]  # fmt: skip
 
 #: Windows kept whole for the rules: the earliest ones of all loops (~5.5 hours of one loop
 #: at a window a second; ~300 bytes each).
@@ -64,6 +65,27 @@ HOST_SHORT_SHARE = 0.10
 #: Background task names counted per loop (the recorder exports 8 a window), and reported.
 MAX_TASK_NAMES = 256
 TASKS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class LoopCpu:
+    """A service's loop threads and the host's CPU, from the windows that measured the
+    run-queue delay (Linux).
+
+    Attributes:
+        share: the share of a CPU the loop threads got while ready to run: their CPU over
+            that CPU plus their run-queue delay.
+        waited: their run-queue delay over the windows' wall time; from
+            :data:`HOST_SHORT_SHARE` on, the host is short of CPU.
+    """
+
+    share: float
+    waited: float
+
+    @property
+    def host_short(self) -> bool:
+        """Whether the host was short of CPU (the report says so)."""
+        return self.waited >= HOST_SHORT_SHARE
 
 
 class LoopWindow(Struct, array_like=True):
@@ -431,18 +453,19 @@ class LoopWindows:
         kept = sorted((w for _, _, w in self._kept), key=lambda w: w.key)
         return [w for w in kept if service is None or w.service == service]
 
-    def cpu_shares(self) -> dict[str, float]:
-        """Per service, the share of a CPU its loop threads got while ready to run: their CPU
-        over that CPU plus their run-queue delay, in the windows that measured the delay
-        (Linux); services without such windows are left out. The replay reads the host's
-        other load from it (:mod:`tracekit.analysis.replay.host`)."""
+    def loop_cpu(self) -> dict[str, LoopCpu]:
+        """Per service, its loop threads' :class:`LoopCpu`, summed over the windows that
+        measured the run-queue delay (Linux); services without such windows are left out.
+        The replay reads the host's other load from it (:mod:`tracekit.analysis.replay.host`)."""
         sums: dict[str, list[int]] = {}
         for stats in self.loops.values():
             if stats.runqueue_wall_ns:
-                pair = sums.setdefault(stats.service, [0, 0])
-                pair[0] += stats.runqueue_cpu_ns
-                pair[1] += stats.runqueue_ns
-        return {service: cpu / (cpu + queued) for service, (cpu, queued) in sums.items() if cpu > 0}
+                row = sums.setdefault(stats.service, [0, 0, 0])
+                row[0] += stats.runqueue_cpu_ns
+                row[1] += stats.runqueue_ns
+                row[2] += stats.runqueue_wall_ns
+        return {service: LoopCpu(cpu / (cpu + queued), queued / wall)
+                for service, (cpu, queued, wall) in sums.items() if cpu > 0}  # fmt: skip
 
     def to_dict(self, route_cpu: Sequence[tuple[str, str, float]] = ()) -> dict[str, Any] | None:
         """The report's ``loop`` section, or ``None`` when there were no loop windows.
