@@ -253,7 +253,7 @@ def _worse(route: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, Any, int]] = []
     latency = route.get("latency_ms")
     if isinstance(latency, Mapping):
-        rows += [(f"p{q[1:]}", latency.get(q), 1) for q in ("p50", "p95", "p99")]
+        rows += [(f"latency {q}", latency.get(q), 1) for q in ("p50", "p95", "p99")]
     rows.append(("throughput", route.get("throughput_rps"), -1))
     streaming = route.get("streaming")
     if isinstance(streaming, Mapping):
