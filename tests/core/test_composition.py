@@ -334,23 +334,35 @@ def test_opentelemetry_instrumentation_fastapi(serve: Any, otel_globals: None,
         FastAPIInstrumentor.uninstrument_app(app)
 
 
+def _traced_fastapi(tracing: bool, memory: InMemorySpanExporter) -> fastapi.FastAPI:
+    """A FastAPI app with its own telemetry on or off and tracekit's middleware, recording to
+    ``memory``."""
+    tracekit.configure(service_name="gateway", exporter=memory)
+    app = fastapi.FastAPI(telemetry={"tracing": tracing})
+    app.add_middleware(tracekit.TracekitMiddleware)
+    return app
+
+
+def _burn(seconds: float) -> float:
+    """Spin this thread's CPU for ``seconds``; the CPU it measured (s)."""
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+    return time.thread_time() - started
+
+
 @pytest.mark.parametrize("tracing", [True, False])
 def test_cpu_outside_stages_is_the_requests_with_fastapi_telemetry_on_or_off(
         tracing: bool, serve: Any, otel_globals: None, memory: InMemorySpanExporter) -> None:  # fmt: skip
     # FastAPI's telemetry ends its server span on the response's last send, inside the
     # request's one step: its CPU so far must be on the span (the trial's gateway showed
     # "cpu on loop 0.00 · io wait 6.20" for an endpoint burning 5 ms with telemetry on).
-    tracekit.configure(service_name="gateway", exporter=memory)
-    app = fastapi.FastAPI(telemetry={"tracing": tracing})
-    app.add_middleware(tracekit.TracekitMiddleware)
+    app = _traced_fastapi(tracing, memory)
     burned: list[float] = []
 
     @app.get("/nostage")
     async def nostage() -> dict[str, bool]:
-        started = time.thread_time()
-        while time.thread_time() - started < 0.005:
-            pass
-        burned.append(time.thread_time() - started)
+        burned.append(_burn(0.005))
         return {"ok": True}
 
     server = serve(app)
@@ -380,18 +392,13 @@ def test_cpu_after_the_response_is_the_requests_with_fastapi_telemetry_on_or_off
     from tracekit.analysis import model
     from tracekit.analysis.assembly.request_records import requests_of_trace
 
-    tracekit.configure(service_name="gateway", exporter=memory)
-    app = fastapi.FastAPI(telemetry={"tracing": tracing})
-    app.add_middleware(tracekit.TracekitMiddleware)
+    app = _traced_fastapi(tracing, memory)
     burned: list[float] = []
     tasks: set[asyncio.Task[None]] = set()
 
     async def log_spend() -> None:
         await asyncio.sleep(0.002)
-        started = time.thread_time()
-        while time.thread_time() - started < 0.004:
-            pass
-        burned.append(time.thread_time() - started)
+        burned.append(_burn(0.004))
 
     @app.get("/answer")
     async def answer() -> dict[str, bool]:
