@@ -65,6 +65,9 @@ $(COMPILED): $(COMPILED_SOURCES) | $(INSTALLED)
 	@# gcc says nothing while it compiles mypyc's one library (~10-15 s): a line every 5 s
 	@(while sleep 5; do echo "   ... still compiling"; done) & ticker=$$!; \
 	PYTHONUNBUFFERED=1 $(BIN)/python setup.py build_ext --inplace; built=$$?; kill $$ticker; exit $$built
+	@# setup.py falls back to plain Python when mypyc fails (a user's install): here that is an error
+	@$(BIN)/python -c "import sys, tracekit._native as n; sys.exit(0 if n.compiled() else \
+	'make: the request path did not compile (the reason is above); TRACEKIT_PURE_PYTHON=1 make ... runs without it')"
 	@touch $@
 
 $(PHOENIX_INSTALLED): constraints-phoenix.txt
