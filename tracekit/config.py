@@ -1,5 +1,9 @@
 """``tracekit.configure()``: where spans go. Arguments > ``OTEL_*`` environment > defaults.
 
+- Called again (its provider still the global one), it replaces the exporters it added to
+  that provider: every span goes to the new ones, once. The provider's resource and sampler
+  stay (OpenTelemetry lets no one replace a global provider): a different ``service_name``
+  is said in a warning and not applied.
 - Never replaces a tracer provider the application already installed: if the global
   provider is an SDK ``TracerProvider``, tracekit's spans join it (its processors, resource
   and sampler); an explicitly requested ``exporter=`` is added for tracekit's spans only.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -83,6 +88,8 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
                        shutdown.DEFAULT_SHUTDOWN_TIMEOUT_MS, _non_negative, "a number >= 0")  # fmt: skip
     privacy = privacy_for(record_query, redact_query, exception_message_limit)
     previous = current.active_runtime
+    if previous is not None:  # its spans out first, to the exporters a new call may replace
+        previous.flush()
     runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider,
                             privacy)  # fmt: skip
     shutdown.shutdown_timeout_ms = timeout
@@ -134,6 +141,8 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         provider = candidate if isinstance(candidate, TracerProvider) else None
     elif not isinstance(provider, TracerProvider):
         raise ConfigurationError("tracer_provider must be an OpenTelemetry SDK TracerProvider")
+    if provider is not None and tracer_provider is None and _made_here(provider):
+        return _reconfigure(provider, service_name, exporter, sampler, threshold, privacy)
     if provider is not None:  # join the application's provider, never replace it
         from tracekit._export import sdk
 
@@ -141,7 +150,11 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         if exporter is not None:
             extra = _processors_for(exporter, "exporter")
             processor = _FanOut([p for p in (processor, *extra) if p is not None])
-        runtime = tracing.Runtime(processor, provider.resource, sampler or provider.sampler, threshold)
+        from opentelemetry.sdk.resources import Resource
+
+        # The application's resource, with the host's CPUs the replay reads (its own win).
+        resource = Resource(host_cpus()).merge(provider.resource)
+        runtime = tracing.Runtime(processor, resource, sampler or provider.sampler, threshold)
     else:
         from opentelemetry.sdk.resources import Resource
 
@@ -157,6 +170,7 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         provider = TracerProvider(resource=resource, sampler=sampler)
         for one in processors:
             provider.add_span_processor(one)
+        _added[provider] = processors
         # One exporter: its processor; several: the provider's chain of them.
         processor = None
         if processors:
@@ -167,6 +181,46 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
 
             composition.configured_chains.add(sdk.active_processor(provider))
         runtime = tracing.Runtime(processor, resource, provider.sampler, threshold, owns_processor=False)
+    runtime.watchdog = Watchdog(threshold)
+    runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)
+    return runtime
+
+
+# The span processors configure() added to each tracer provider it made (to replace them
+# when it is called again).
+_added: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def _made_here(provider: Any) -> bool:
+    """Whether ``provider`` is one configure() made (and installed as the global one)."""
+    return provider in _added
+
+
+def _reconfigure(provider: Any, service_name: str | None, exporter: Any, sampler: Any,
+                 threshold: float, privacy: Privacy | None) -> tracing.Runtime:  # fmt: skip
+    """configure() again: the exporters it added to its own (global) provider give way to this
+    call's; the resource and the provider's sampler stay (a global provider is set once)."""
+    from tracekit._core.watchdog import Watchdog
+    from tracekit._export import sdk
+
+    named = provider.resource.attributes.get("service.name")
+    if service_name is not None and service_name != named:
+        logger.warning(
+            "tracekit: configure() was called again with service_name=%r; the service name "
+            "stays %r (the tracer provider the first call installed keeps its resource, and "
+            "OpenTelemetry lets no one replace it): call configure() once, at start-up",
+            service_name, named,
+        )  # fmt: skip
+    chosen = exporter if exporter is not None else os.environ.get("OTEL_TRACES_EXPORTER") or "otlp"
+    processors = _processors_for(chosen, "exporter" if exporter is not None else "OTEL_TRACES_EXPORTER")
+    chain = sdk.active_processor(provider)
+    sdk.replace_processors(chain, _added.get(provider, []), processors)
+    _added[provider] = processors
+    processor = None
+    if processors:
+        processor = processors[0] if len(processors) == 1 else chain
+    runtime = tracing.Runtime(processor, provider.resource, sampler or provider.sampler, threshold,
+                              owns_processor=False)  # fmt: skip
     runtime.watchdog = Watchdog(threshold)
     runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)
     return runtime

@@ -9,7 +9,8 @@ inter-chunk latency and the last byte, which ends the span (DESIGN §1).
 
 If a server span is already active (the OpenTelemetry ASGI/FastAPI instrumentation wraps
 this middleware, or FastAPI's native telemetry), tracekit adds its attributes to that span and
-parents its stages to it instead of making a second server span.
+parents its stages to it instead of making a second server span. A TracekitMiddleware inside
+another one (added twice) passes requests through: the outer one records them.
 
 Wrapping a FastAPI app that has native telemetry (0.165+) from outside puts tracekit inside
 its middleware stack instead, as ``app.add_middleware(TracekitMiddleware)`` does: FastAPI
@@ -67,6 +68,9 @@ class TracekitMiddleware:
             if scope["type"] == "lifespan" and not self._inside:
                 send = shutdown.lifespan_send(send)
                 asgi.watch_loop()  # the tasks the application starts now are named background
+            await self.app(scope, receive, send)
+            return
+        if _traced_already():  # another TracekitMiddleware outside this one records it
             await self.app(scope, receive, send)
             return
         runtime = self._runtime  # set only when given its own tracer_provider
@@ -133,6 +137,25 @@ class TracekitMiddleware:
         if self._provider is not None:
             self._runtime = runtime  # its own provider; otherwise follow tracekit.configure()
         return runtime
+
+
+def _traced_already() -> bool:
+    """Whether a TracekitMiddleware further out is recording this request (added twice, or
+    around a mounted app that has its own): then this one passes it through, said once."""
+    led = current.get_ledger()
+    if led is None or led.request is None or led.request.pending <= 0:
+        return False
+    global _nested_said
+    if not _nested_said:
+        _nested_said = True
+        logger.warning(
+            "tracekit: a TracekitMiddleware runs inside another one (added twice?); the outer "
+            "one records each request, the inner one passes it through"
+        )
+    return True
+
+
+_nested_said = False
 
 
 def _move_inside(app: Any, service_name: str | None, tracer_provider: Any) -> bool:

@@ -162,6 +162,20 @@ def test_a_first_request_import_is_not_the_stages_location() -> None:
     assert blocked_site(APP, []) == (APP, None) and blocked_site(None, []) == (None, None)
 
 
+def test_a_catch_in_the_profilers_own_frames_does_not_name_the_call() -> None:
+    # tracekit.integrations.pyinstrument profiling the call: the watchdog caught
+    # pyinstrument's os.path work, and the fix said "caught running <frozen posixpath>:404 in
+    # abspath" (a new user's trial). The place stands, the profiler's frames are not the call.
+    profiler = "/venv/lib/python3.11/site-packages/pyinstrument/frame_info.py:30 in frame_info"
+    profiled = ["<frozen posixpath>:404 in abspath", profiler, APP]
+    assert blocked_site(APP, [_catch(APP, profiled)]) == (APP, None)
+    # A later catch outside the profiler names the call.
+    steady = ["/usr/lib/python3.11/json/decoder.py:353 in raw_decode", APP]
+    assert blocked_site(APP, [_catch(APP, profiled), _catch(APP, steady)]) == (
+        APP, "json/decoder.py:353 in raw_decode"
+    )
+
+
 def test_assembly_reads_the_shape_and_the_blocked_site() -> None:
     frozen = "<frozen importlib._bootstrap>:1 in x"
     attributes = {semconv.STAGE: "model", semconv.STAGE_SHAPE: "async_generator",

@@ -216,6 +216,32 @@ def test_jsonl_exporter_writes_otlp_json_lines(tmp_path: Any, otel_globals: None
     assert attrs[sc.ON_LOOP] == {"boolValue": True}
 
 
+def test_a_second_configure_replaces_the_first_ones_exporters(
+    tmp_path: Any, otel_globals: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A new user's configure() twice: every span went to both calls' exporters (twice to one
+    # file) and the second service name nowhere, silently. Now the second call's exporters
+    # replace the first's, and the service name it cannot change is said.
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    tracekit.configure(service_name="a", exporter=f"jsonl:{first}")
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=1)
+    with caplog.at_level("WARNING", logger="tracekit"):
+        tracekit.configure(service_name="b", exporter=f"jsonl:{second}")
+    said = [r.getMessage() for r in caplog.records if "configure() was called again" in r.getMessage()]
+    assert len(said) == 1 and "stays 'a'" in said[0]
+    run_requests(tracekit.TracekitMiddleware(gateway()), n=2)
+    assert current.active_runtime is not None
+    current.active_runtime.flush()
+
+    def span_ids(path: Any) -> list[str]:
+        documents = [json.loads(line) for line in path.read_text().splitlines()]
+        return [span["spanId"] for doc in documents for rs in doc["resourceSpans"]
+                for ss in rs["scopeSpans"] for span in ss["spans"]]  # fmt: skip
+
+    assert len(span_ids(first)) == 3 and len(set(span_ids(first))) == 3  # the first request's
+    assert len(span_ids(second)) == 6 and len(set(span_ids(second))) == 6  # the next two, once
+
+
 def test_console_exporter(otel_globals: None, capsys: pytest.CaptureFixture[str]) -> None:
     tracekit.configure(exporter="console")
     run_requests(tracekit.TracekitMiddleware(gateway()), n=1)

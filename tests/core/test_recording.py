@@ -81,3 +81,23 @@ def test_reading_a_recording_never_waits_for_the_exporters(
     names = [s.name for s in spans if s.name != "tracekit.loop"]
     assert sorted(names) == sorted(["GET"] * 5 + ["tokenize"] * 5 + ["model"] * 5)
     assert report.to_dict()["requests"] == 5
+
+
+def test_a_middleware_added_twice_records_each_request_once(caplog: pytest.LogCaptureFixture) -> None:
+    # A new user's gateway with the middleware added twice: each request was two traces (one
+    # without stages), or its CPU read 0.03 ms under an outer instrumentation's span. The
+    # inner one now passes requests through, and says so once.
+    import tracekit.middleware as middleware
+
+    middleware._nested_said = False
+    twice = tracekit.TracekitMiddleware(tracekit.TracekitMiddleware(app))
+    with caplog.at_level("WARNING", logger="tracekit"), tracekit.record() as rec:
+        for _ in range(3):
+            asyncio.run(call(twice, http_scope("/v1/chat")))
+    servers = [s for s in rec.spans if s.kind.name == "SERVER"]
+    assert len(servers) == 3 and len({s.context.trace_id for s in servers}) == 3
+    assert all(s.attributes[sc.CPU_MS] >= 10 for s in servers)  # tokenize's 15 ms, on the request
+    names = [s.name for s in rec.spans if s.kind.name != "SERVER"]
+    assert names.count("tokenize") == 3 and names.count("model") == 3
+    said = [r.getMessage() for r in caplog.records if "inside another one" in r.getMessage()]
+    assert len(said) == 1

@@ -476,6 +476,14 @@ def test_work_after_the_response_and_named_background_tasks_are_shown() -> None:
     page = render_html(report)
     assert "<h3>After the response</h3>" in page and "<td>3.37</td><td>0.50</td>" in page
     assert '<span class="route">app.cache.refresh</span> 402 ms' in page
+    assert "waited for a CPU" not in page  # not measured (not Linux): nothing is said
+    # The loop thread's wait for a CPU, as the text says it (a new user's HTML lacked it).
+    report["loop"]["loops"][0]["cpu_wait"] = {"ms": 3067.0, "share": 0.389}
+    page = render_html(report)
+    assert "waited for a CPU 3067 ms (39% of the time): the host is short of CPU" in page
+    report["loop"]["loops"][0]["cpu_wait"] = {"ms": 30.0, "share": 0.02}
+    page = render_html(report)
+    assert "waited for a CPU 30.0 ms (2% of the time)</p>" in page
 
 
 def test_a_projection_shows_its_range_its_model_and_why_it_is_rated_so() -> None:

@@ -21,6 +21,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from tracekit import semconv
 from tracekit._core import active_span, clock, event_loop, ledger, loop_view, spawned
 from tracekit._core.current import reset_ledger, set_ledger
 from tracekit._core.failsafe import internal_error
@@ -213,6 +214,9 @@ def _chunk(request: Request) -> None:
     request.chunks += 1
 
 
+_CPU_KEYS: Final = (semconv.HOST_CPUS, semconv.PROCESS_CPUS)
+
+
 def enrich(request: Request) -> None:
     """Put the request-level attributes on the server span another instrumentation made."""
     from tracekit._export import span_attributes
@@ -223,7 +227,13 @@ def enrich(request: Request) -> None:
         ledger.book_open_steps(event_loop.thread_state(), request)
         if request.end == 0:
             request.end = clock.wall_ns()  # provisional: the span ends with this send
-        request.enrich.set_attributes(span_attributes.request_attributes(request))
+        attrs = span_attributes.request_attributes(request)
+        # The span's resource is the other instrumentation's: the host's CPUs go on the span.
+        resource = getattr(request.runtime.resource, "attributes", None) or {}
+        for key in _CPU_KEYS:
+            if key in resource:
+                attrs[key] = resource[key]
+        request.enrich.set_attributes(attrs)
     except Exception:
         internal_error("enrich server span")
 

@@ -21,7 +21,9 @@ broken exporter never runs on the request's thread.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
+from collections import deque
 from typing import Any, Final
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -31,10 +33,15 @@ from tracekit._core.failsafe import logger
 from tracekit._export import sdk
 
 # Traces being enriched: trace id -> (the runtime of the request, the enriched span's id).
-# An entry goes when the enriched span ends; one whose span never ends (a server span of
-# an instrumentation that crashed) is pushed out, oldest first, past MAX_TRACES.
+# An entry goes GRACE_S after the enriched span ends (spans of the trace that end just after
+# it, such as the ASGI instrumentation's "http receive" of the client's disconnect, still
+# come); one whose span never ends (a server span of an instrumentation that crashed) is
+# pushed out, oldest first, past MAX_TRACES.
 MAX_TRACES: Final = 16_384
+GRACE_S: Final = 1.0
 enriched: dict[int, tuple[Any, int]] = {}
+# (when to forget it, trace id, enriched span id) of the traces whose enriched span ended.
+_ended: deque[tuple[float, int, int]] = deque()
 _hook_lock = threading.Lock()
 _said: set[str] = set()  # instrumentation scopes already named in the log (once each)
 # The processor chains of the tracer providers tracekit.configure() made and installed.
@@ -61,7 +68,7 @@ class ForeignSpans(SpanProcessor):
             return  # tracekit's own spans: its runtime delivers them
         runtime, span_id = entry
         if context.span_id == span_id:  # the enriched span: the request is over
-            enriched.pop(context.trace_id, None)
+            _ended.append((time.monotonic() + GRACE_S, context.trace_id, span_id))
         runtime.foreign(span, self.chain)
 
 
@@ -80,12 +87,27 @@ def adopt(runtime: Any, span: Any) -> None:
         runtime.composed = chain
         _say(span, chain)
     context = span.get_span_context()
+    _forget_ended()
     if len(enriched) >= MAX_TRACES:
         try:
             del enriched[next(iter(enriched))]
         except (StopIteration, KeyError, RuntimeError):  # emptied or changed meanwhile
             pass
     enriched[context.trace_id] = (runtime, context.span_id)
+
+
+def _forget_ended() -> None:
+    """Drop the traces whose enriched span ended more than GRACE_S ago (unless a newer
+    request of the same trace enriches a span of its own meanwhile)."""
+    now = time.monotonic()
+    while _ended and _ended[0][0] <= now:
+        try:
+            _, trace_id, span_id = _ended.popleft()
+        except IndexError:  # emptied meanwhile
+            return
+        entry = enriched.get(trace_id)
+        if entry is not None and entry[1] == span_id:
+            enriched.pop(trace_id, None)
 
 
 def _hook(chain: Any) -> bool:

@@ -8,6 +8,9 @@ attribute alone gets wrong:
   the first request) is a one-off start-up cost, not where the stage blocks. The first catch
   outside an import is the stage's location; when every catch was an import, the location
   says so (:data:`IMPORT_PREFIX`), never shows an importlib frame.
+- A catch inside the profiler's own frames (pyinstrument, when
+  ``tracekit.integrations.pyinstrument`` profiles the call) shows its work, not the stage's:
+  the location stands, its library frames are not kept, and a later catch outside it wins.
 - The application frame says where, not what: the library frames it was running inside
   (``json/decoder.py``, ``requests/sessions.py``, ``socket.py``) say what the call was, and
   choose the fix. They are kept, shortened, as the record's ``blocked_frames``, without a
@@ -27,6 +30,7 @@ IMPORT_PREFIX = "a module import on the first request"
 # Library frames kept per catch: enough to name the call (socket <- http.client <- requests).
 _MAX_FRAMES = 6
 _IMPORTLIB = "importlib._bootstrap"
+_PROFILER = "pyinstrument/"
 # The standard library's weakref callbacks (a WeakSet's, a WeakValueDictionary's, finalize's).
 _WEAKREF_CALLBACKS = frozenset(
     {("_weakrefset.py", "_remove"), ("weakref.py", "remove"), ("weakref.py", "__call__")}
@@ -64,11 +68,23 @@ def blocked_site(blocked_at: str | None, events: Sequence[Event]) -> tuple[str |
         if blocked_at is None:
             return None, None
         catches = [(blocked_at, None)]
+    profiled = None
     for where, stack in catches:
         lines = stack.splitlines() if isinstance(stack, str) else []
         if where and not _in_import(where, lines):
-            return where, _inner_frames(where, lines)
+            if not _in_profiler(where, lines):
+                return where, _inner_frames(where, lines)
+            profiled = profiled or where
+    if profiled is not None:  # the place stands; what ran there was the profiler's own work
+        return profiled, None
     return _import_site(catches), None
+
+
+def _in_profiler(where: str, lines: list[str]) -> bool:
+    # A catch inside pyinstrument's own frames (tracekit.integrations.pyinstrument profiling
+    # the call): the stack shows the profiler's work (os.path calls), not the stage's.
+    inner = lines[: lines.index(where)] if where in lines else lines
+    return any(_PROFILER in line for line in inner)
 
 
 def _in_import(where: str, lines: list[str]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tracekit.analysis.stats.loop_windows import HOST_SHORT_SHARE
 from tracekit.render.html.util import (
     clip,
     esc,
@@ -33,7 +34,7 @@ def loop_section(loop: object) -> str:
             "<th>max</th><th>tasks</th></tr>")  # fmt: skip
     rows = [_row(one) for one in items(loop.get("loops"))]
     profiles = "".join(_profile(one) for one in items(loop.get("loops")))
-    tasks = "".join(_tasks(one) for one in items(loop.get("loops")))
+    tasks = "".join(_tasks(one) + _cpu_wait(one) for one in items(loop.get("loops")))
     routes = "".join(
         f'<li><span class="route">{esc(clip(r.get("route"), 200))}</span>: '
         f"{fmt_pct(r.get('loop_cpu_share'))} of {esc(clip(r.get('service'), 80))}'s loop CPU "
@@ -48,6 +49,19 @@ def loop_section(loop: object) -> str:
         f'<div class="tablewrap"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
         f"</table></div>{f'<ul>{routes}</ul>' if routes else ''}{tasks}{profiles}</section>"
     )
+
+
+def _cpu_wait(one: Mapping[str, Any]) -> str:
+    # The loop thread's wait for a CPU (run-queue delay), as the text report says it.
+    waited = mapping(one.get("cpu_wait"))
+    share = waited.get("share")
+    if not isinstance(share, (int, float)) or isinstance(share, bool):
+        return ""
+    short = (": the host is short of CPU, and this time is inside the steps' and waits' wall "
+             "time (not the application's doing)" if share >= HOST_SHORT_SHARE else "")  # fmt: skip
+    where = f"{esc(clip(one.get('service'), 80))} / {esc(clip(one.get('thread'), 80))}"
+    return (f'<p class="note">{where}: waited for a CPU {fmt_ms(waited.get("ms"))} ms '
+            f"({fmt_pct(share)} of the time){short}</p>")  # fmt: skip
 
 
 def _tasks(one: Mapping[str, Any]) -> str:
