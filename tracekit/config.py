@@ -89,7 +89,7 @@ def configure(service_name: str | None = None, exporter: Any = None, *,
     privacy = privacy_for(record_query, redact_query, exception_message_limit)
     previous = current.active_runtime
     if previous is not None:  # its spans out first, to the exporters a new call may replace
-        previous.flush()
+        previous.flush(timeout)
     runtime = build_runtime(service_name, exporter, sampler, block_threshold_ms, tracer_provider,
                             privacy)  # fmt: skip
     shutdown.shutdown_timeout_ms = timeout
@@ -142,8 +142,8 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
     elif not isinstance(provider, TracerProvider):
         raise ConfigurationError("tracer_provider must be an OpenTelemetry SDK TracerProvider")
     if provider is not None and tracer_provider is None and _made_here(provider):
-        return _reconfigure(provider, service_name, exporter, sampler, threshold, privacy)
-    if provider is not None:  # join the application's provider, never replace it
+        runtime = _reconfigure(provider, service_name, exporter, sampler, threshold)
+    elif provider is not None:  # join the application's provider, never replace it
         from tracekit._export import sdk
 
         processor: Any = sdk.active_processor(provider)
@@ -171,10 +171,7 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         for one in processors:
             provider.add_span_processor(one)
         _added[provider] = processors
-        # One exporter: its processor; several: the provider's chain of them.
-        processor = None
-        if processors:
-            processor = processors[0] if len(processors) == 1 else sdk.active_processor(provider)
+        processor = _one_or_chain(processors, sdk.active_processor(provider))
         otel_trace.set_tracer_provider(provider)
         if otel_trace.get_tracer_provider() is provider:  # (set once: another may have won)
             from tracekit._export import composition
@@ -197,10 +194,12 @@ def _made_here(provider: Any) -> bool:
 
 
 def _reconfigure(provider: Any, service_name: str | None, exporter: Any, sampler: Any,
-                 threshold: float, privacy: Privacy | None) -> tracing.Runtime:  # fmt: skip
+                 threshold: float) -> tracing.Runtime:  # fmt: skip
     """configure() again: the exporters it added to its own (global) provider give way to this
-    call's; the resource and the provider's sampler stay (a global provider is set once)."""
-    from tracekit._core.watchdog import Watchdog
+    call's (the old ones shut down within the shutdown timeout); the resource and the
+    provider's sampler stay (a global provider is set once)."""
+    import time
+
     from tracekit._export import sdk
 
     named = provider.resource.attributes.get("service.name")
@@ -214,16 +213,22 @@ def _reconfigure(provider: Any, service_name: str | None, exporter: Any, sampler
     chosen = exporter if exporter is not None else os.environ.get("OTEL_TRACES_EXPORTER") or "otlp"
     processors = _processors_for(chosen, "exporter" if exporter is not None else "OTEL_TRACES_EXPORTER")
     chain = sdk.active_processor(provider)
-    sdk.replace_processors(chain, _added.get(provider, []), processors)
+    retired = _added.get(provider, [])
+    sdk.replace_processors(chain, retired, processors)
     _added[provider] = processors
-    processor = None
-    if processors:
-        processor = processors[0] if len(processors) == 1 else chain
-    runtime = tracing.Runtime(processor, provider.resource, sampler or provider.sampler, threshold,
-                              owns_processor=False)  # fmt: skip
-    runtime.watchdog = Watchdog(threshold)
-    runtime.privacy = privacy if privacy is not None else privacy_for(None, None, None)
-    return runtime
+    deadline = time.monotonic() + shutdown.shutdown_timeout_ms / 1000
+    for one in retired:  # their pending spans exported; a dead collector holds no caller
+        shutdown.bounded(one.shutdown, deadline, "exporter shutdown")
+    return tracing.Runtime(_one_or_chain(processors, chain), provider.resource,
+                           sampler or provider.sampler, threshold, owns_processor=False)  # fmt: skip
+
+
+def _one_or_chain(processors: list[Any], chain: Any) -> Any:
+    """What tracekit hands its spans to: none, one exporter's processor, or for several the
+    provider's chain of them."""
+    if not processors:
+        return None
+    return processors[0] if len(processors) == 1 else chain
 
 
 def privacy_for(record_query: bool | None, redact_query: Iterable[str] | None,

@@ -133,13 +133,11 @@ def is_default_sampler(sampler: Any) -> bool:
 
 def replace_processors(chain: Any, old: list[Any], new: list[Any]) -> None:
     """In a provider's processor chain (the SDK's synchronous multi-processor), put ``new``
-    where ``old`` were, keeping the others (the application's, added since); the old ones are
-    shut down (their pending spans exported)."""
+    where ``old`` were, keeping the others (the application's, added since). The caller shuts
+    the old ones down."""
     with chain._lock:
         kept = tuple(p for p in chain._span_processors if not any(p is o for o in old))
         chain._span_processors = kept + tuple(new)
-    for one in old:
-        one.shutdown()
 
 
 def active_processor(provider: Any) -> Any:
