@@ -46,7 +46,7 @@ from tracekit.analysis.rules.loop_load import (
     queueing_projection,
     utilisation_factor,
 )
-from tracekit.analysis.rules.stage_code import StageCode
+from tracekit.analysis.rules.stage_code import StageCode, hottest
 from tracekit.analysis.stats.loop_windows import HOST_SHORT_SHARE, larger_profile
 
 #: Median window busy ratio from which the loop is saturated: at 85% busy an M/M/1 queue
@@ -216,7 +216,7 @@ class LoopSaturated:
         if profile is not None:
             evidence.append(
                 f"pyinstrument profiled the loop thread for a window ({profile[3] or 'busy'}; "
-                f"{profile[0]:.0f} ms sampled): most self time in {profile[1].splitlines()[0]}"
+                f"{profile[0]:.0f} ms sampled): most self time in {hottest(profile[1])}"
             )
         title, code = loop_fixes.more_workers(workers, now, rho, rho_after)
         if projection is not None:
@@ -313,7 +313,7 @@ class LoopSaturated:
                 f"the requests' loop CPU -> {' '.join(fix_title.split())}{gain}\n"
             )
             if code.hot:
-                text += f"#     pyinstrument: most self time in {code.hot.splitlines()[0]}\n"
+                text += f"#     pyinstrument: most self time in {hottest(code.hot)}\n"
             text += "".join(f"#     {line}\n" for line in fix_code.rstrip().splitlines())
             lines.append((name_of(name) if route == victim else f"{name_of(name)} ({route})", text))
         return lines

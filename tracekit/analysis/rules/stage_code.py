@@ -40,6 +40,7 @@ UNKNOWN = "unknown"
 # numpy and torch release the GIL in their array operations; tokenizers' Python wrappers
 # (tokenizers/implementations) call the Rust encode / encode_batch.
 _TOKENIZERS_FRAME = "tokenizers/"
+_BUILTIN = "(<built-in>)"  # how pyinstrument names a builtin's place
 _FRAME_CPU = (
     (_TOKENIZERS_FRAME, TOKENIZERS),
     ("json/encoder.py", JSON_ENCODE),
@@ -129,7 +130,7 @@ class StageCode:
         if not self.hot:
             return ""
         return (f"; pyinstrument (a profiled call, {self.profiled_ms:.0f} ms sampled): most self "
-                f"time in {self.hot.splitlines()[0]}")  # fmt: skip
+                f"time in {hottest(self.hot)}")  # fmt: skip
 
     @property
     def tokenizers_seen(self) -> bool:
@@ -181,6 +182,16 @@ class StageCode:
         if self.method:
             return "a method"
         return "a function" if self.shape == semconv.SHAPE_FUNCTION else "code of unknown shape"
+
+
+def hottest(hot: str) -> str:
+    """The line of a profile's hottest functions (``tracekit.profile.hot``) to name: the first
+    that is Python code, the code to change. A builtin ranked above it is named after it:
+    pyinstrument books a builtin's time, and on a busy host the time the thread was
+    descheduled in it, to the builtin, not to the function calling it."""
+    lines = hot.splitlines() or [""]
+    python = next((line for line in lines if _BUILTIN not in line), lines[0])
+    return python if python == lines[0] else f"{python} (a builtin ranked first: {lines[0]})"
 
 
 def _larger_profile(record: StageRecord, hot: str | None, profiled: float) -> tuple[str | None, float]:
