@@ -115,10 +115,12 @@ def test_waiting_for_a_free_worker_is_queue_wait_not_io_wait(way: str) -> None:
     spans = by_name(rec.spans)
     first, second = spans["first"].attributes, spans["second"].attributes
     # The first starts at once (give or take a busy host's wake-up); the second waits for
-    # the first's 30 ms of CPU. What else the second waits (the hand-overs, and its thread's
-    # waits for a CPU on a busy host) stays wait.
+    # what is left of the first's 30 ms of CPU when it is submitted (the first's pure-Python
+    # burn holds the GIL, so the loop reaches the second submission up to a switch interval
+    # or two later: 21 ms measured as plain Python). What else the second waits (the
+    # hand-overs, its thread's waits for a CPU on a busy host) stays wait.
     assert first.get(sc.QUEUE_WAIT_MS, 0.0) < 15
-    assert 25 <= second[sc.QUEUE_WAIT_MS] <= second[sc.WALL_MS] - 25
+    assert 10 <= second[sc.QUEUE_WAIT_MS] <= second[sc.WALL_MS] - 25
     parts = second[sc.CPU_MS] + second[sc.WAIT_MS] + second[sc.LOOP_WAIT_MS] + second[sc.QUEUE_WAIT_MS]
     assert parts == pytest.approx(second[sc.WALL_MS], rel=0.02, abs=0.5)
 
