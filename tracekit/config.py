@@ -141,7 +141,7 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
         provider = candidate if isinstance(candidate, TracerProvider) else None
     elif not isinstance(provider, TracerProvider):
         raise ConfigurationError("tracer_provider must be an OpenTelemetry SDK TracerProvider")
-    if provider is not None and tracer_provider is None and _made_here(provider):
+    if provider is not None and tracer_provider is None and provider in _added:  # configure()'s own
         runtime = _reconfigure(provider, service_name, exporter, sampler, threshold)
     elif provider is not None:  # join the application's provider, never replace it
         from tracekit._export import sdk
@@ -162,11 +162,7 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
 
         named = Resource.create({"service.name": service_name} if service_name else {})
         resource = Resource(host_cpus()).merge(named)  # OTEL_RESOURCE_ATTRIBUTES wins
-        if exporter is not None:
-            processors = _processors_for(exporter, "exporter")
-        else:
-            processors = _processors_for(os.environ.get("OTEL_TRACES_EXPORTER") or "otlp",
-                                         "OTEL_TRACES_EXPORTER")  # fmt: skip
+        processors = _exporter_processors(exporter)
         provider = TracerProvider(resource=resource, sampler=sampler)
         for one in processors:
             provider.add_span_processor(one)
@@ -188,11 +184,6 @@ def build_runtime(service_name: str | None, exporter: Any, sampler: Any,
 _added: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
 
-def _made_here(provider: Any) -> bool:
-    """Whether ``provider`` is one configure() made (and installed as the global one)."""
-    return provider in _added
-
-
 def _reconfigure(provider: Any, service_name: str | None, exporter: Any, sampler: Any,
                  threshold: float) -> tracing.Runtime:  # fmt: skip
     """configure() again: the exporters it added to its own (global) provider give way to this
@@ -210,8 +201,7 @@ def _reconfigure(provider: Any, service_name: str | None, exporter: Any, sampler
             "OpenTelemetry lets no one replace it): call configure() once, at start-up",
             service_name, named,
         )  # fmt: skip
-    chosen = exporter if exporter is not None else os.environ.get("OTEL_TRACES_EXPORTER") or "otlp"
-    processors = _processors_for(chosen, "exporter" if exporter is not None else "OTEL_TRACES_EXPORTER")
+    processors = _exporter_processors(exporter)
     chain = sdk.active_processor(provider)
     retired = _added.get(provider, [])
     sdk.replace_processors(chain, retired, processors)
@@ -221,6 +211,13 @@ def _reconfigure(provider: Any, service_name: str | None, exporter: Any, sampler
         shutdown.bounded(one.shutdown, deadline, "exporter shutdown")
     return tracing.Runtime(_one_or_chain(processors, chain), provider.resource,
                            sampler or provider.sampler, threshold, owns_processor=False)  # fmt: skip
+
+
+def _exporter_processors(exporter: Any) -> list[Any]:
+    """The span processors of ``exporter``, else of ``OTEL_TRACES_EXPORTER``, else OTLP."""
+    if exporter is not None:
+        return _processors_for(exporter, "exporter")
+    return _processors_for(os.environ.get("OTEL_TRACES_EXPORTER") or "otlp", "OTEL_TRACES_EXPORTER")
 
 
 def _one_or_chain(processors: list[Any], chain: Any) -> Any:

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -36,6 +36,7 @@ native = pytest.mark.skipif(
 )
 
 REQUESTS = 3
+T = TypeVar("T")
 REQUEST_ATTRIBUTES = (sc.CPU_MS, sc.MODEL_WAIT_MS, sc.IO_WAIT_MS, sc.LOOP_WAIT_MS, sc.OVERHEAD_MS)
 
 
@@ -350,6 +351,25 @@ def _traced_fastapi(tracing: bool, memory: InMemorySpanExporter) -> fastapi.Fast
     return app
 
 
+def _get_each(url: str, path: str, pause_s: float = 0.0) -> None:
+    """REQUESTS GETs of ``path``, each answered 200, ``pause_s`` apart."""
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for _ in range(REQUESTS):
+            assert client.get(path).status_code == 200
+            time.sleep(pause_s)
+
+
+def _until(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 5.0) -> T:
+    """``read()`` again every 20 ms until ``done`` says so or ``timeout_s`` passed; the last
+    value read (the checks then say what is missing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = read()
+        if done(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
 def _burn(seconds: float) -> float:
     """Spin this thread's CPU for ``seconds``; the CPU it measured (s)."""
     started = time.thread_time()
@@ -374,15 +394,10 @@ def test_cpu_outside_stages_is_the_requests_with_fastapi_telemetry_on_or_off(
 
     server = serve(app)
     with tracekit.record() as rec:
-        with httpx.Client(base_url=server.url, timeout=10) as client:
-            for _ in range(REQUESTS):
-                assert client.get("/nostage").status_code == 200
-        deadline = time.monotonic() + 5
-        while True:  # the server spans (no stages here: settle() would wait for them)
-            requests = [s for s in normalised(rec.spans) if s.kind == "server"]
-            if len(requests) >= REQUESTS or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        _get_each(server.url, "/nostage")
+        # The server spans (no stages here: settle() would wait for them).
+        requests = _until(lambda: [s for s in normalised(rec.spans) if s.kind == "server"],
+                          lambda found: len(found) >= REQUESTS)  # fmt: skip
     assert len(requests) == REQUESTS
     for span, cpu in zip(requests, burned, strict=True):
         a = span.attributes
@@ -414,24 +429,20 @@ def test_cpu_after_the_response_is_the_requests_with_fastapi_telemetry_on_or_off
         task.add_done_callback(tasks.discard)
         return {"ok": True}
 
+    def records() -> list[Any]:
+        by_trace: dict[str, list[Span]] = defaultdict(list)
+        for span in normalised(rec.spans):
+            by_trace[span.trace_id].append(span)
+        return [r for spans in by_trace.values() for r in requests_of_trace(spans)]
+
     server = serve(app)
     with tracekit.record() as rec:
-        with httpx.Client(base_url=server.url, timeout=10) as client:
-            for _ in range(REQUESTS):
-                assert client.get("/answer").status_code == 200
-                time.sleep(0.02)  # the task has run before the next request
-        deadline = time.monotonic() + 5
-        while True:
-            by_trace: dict[str, list[Span]] = defaultdict(list)
-            for span in normalised(rec.spans):
-                by_trace[span.trace_id].append(span)
-            records = [r for spans in by_trace.values() for r in requests_of_trace(spans)]
-            after = [model.after_response_cpu(r)[0] for r in records]
-            if (len(records) >= REQUESTS and all(after)) or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
-    assert len(records) == REQUESTS and len(burned) == REQUESTS
-    assert all(r.route == "GET /answer" for r in records)
+        _get_each(server.url, "/answer", pause_s=0.02)  # each task runs before the next request
+        found = _until(records, lambda found: len(found) >= REQUESTS
+                       and all(model.after_response_cpu(r)[0] for r in found))  # fmt: skip
+    after = [model.after_response_cpu(r)[0] for r in found]
+    assert len(found) == REQUESTS and len(burned) == REQUESTS
+    assert all(r.route == "GET /answer" for r in found)
     for cpu, on_loop in zip(sorted(burned), sorted(after), strict=True):
         assert on_loop >= 0.9 * cpu * 1000, (tracing, after)
     names = {s.name for s in normalised(rec.spans)}

@@ -21,7 +21,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from tracekit import semconv
 from tracekit._core import active_span, clock, event_loop, ledger, loop_view, spawned
 from tracekit._core.current import reset_ledger, set_ledger
 from tracekit._core.failsafe import internal_error
@@ -214,9 +213,6 @@ def _chunk(request: Request) -> None:
     request.chunks += 1
 
 
-_CPU_KEYS: Final = (semconv.HOST_CPUS, semconv.PROCESS_CPUS)
-
-
 def enrich(request: Request) -> None:
     """Put the request-level attributes on the server span another instrumentation made."""
     from tracekit._export import span_attributes
@@ -228,11 +224,7 @@ def enrich(request: Request) -> None:
         if request.end == 0:
             request.end = clock.wall_ns()  # provisional: the span ends with this send
         attrs = span_attributes.request_attributes(request)
-        # The span's resource is the other instrumentation's: the host's CPUs go on the span.
-        resource = getattr(request.runtime.resource, "attributes", None) or {}
-        for key in _CPU_KEYS:
-            if key in resource:
-                attrs[key] = resource[key]
+        attrs.update(request.runtime.host_cpus)  # the span's resource is not tracekit's
         request.enrich.set_attributes(attrs)
     except Exception:
         internal_error("enrich server span")

@@ -99,6 +99,8 @@ def adopt(runtime: Any, span: Any) -> None:
 def _forget_ended() -> None:
     """Drop the traces whose enriched span ended more than GRACE_S ago (unless a newer
     request of the same trace enriches a span of its own meanwhile)."""
+    if not _ended:  # the common case under no load: no clock read
+        return
     now = time.monotonic()
     while _ended and _ended[0][0] <= now:
         try:

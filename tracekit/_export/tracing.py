@@ -36,6 +36,7 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from tracekit import semconv
 from tracekit._core import clock, current, handoff
 from tracekit._core.failsafe import internal_error, logger
 from tracekit._core.request_record import HANDED_ON, Request
@@ -94,6 +95,10 @@ class Runtime:
 
         self.processor = processor
         self.resource = resource
+        # The host's CPUs, for a server span another instrumentation owns (its resource is
+        # not this one): tracekit._core.asgi.enrich adds them to it.
+        known = getattr(resource, "attributes", None) or {}
+        self.host_cpus = {k: known[k] for k in (semconv.HOST_CPUS, semconv.PROCESS_CPUS) if k in known}
         self.sampler = sampler
         self.always_on = sampler is None or sdk.is_default_sampler(sampler)
         self.block_threshold_ms = block_threshold_ms
