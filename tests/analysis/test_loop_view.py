@@ -448,7 +448,7 @@ def test_the_parallel_reader_carries_the_loop_windows(tmp_path: Path) -> None:
     plan = plan_file(str(path), str(path), workers=3, min_range_bytes=1)
     assert plan is not None and len(plan.bounds) == 4
     agg, found = analyze_plan(plan, Settings())
-    assert found.orphans == (0, 0, 0)
+    assert found.left_out == (0, 0, 0, 0)
     assert agg.loops.to_dict() == one.aggregator.loops.to_dict()
     assert agg.loops.to_dict()["windows"] == 6  # type: ignore[index]
 

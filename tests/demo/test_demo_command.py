@@ -82,7 +82,15 @@ def test_demo_diagnoses_each_seeded_problem_and_measures_the_fix(tmp_path: Path)
     assert report["validation"]["model"]["cores_source"] == "--cores"  # passed on to the replay
     # One route: the readiness probe is a TCP connect, never a traced request.
     assert [r["route"] for r in report["routes"]] == [ROUTE]
-    assert flagged(report) == SEEDED, json.dumps(report["findings"], indent=1)[:3000]
+    # Besides the seeded problems, at most the handler's own code, LOW: the streamed quarter
+    # of the requests runs 5-10 ms of it on the loop (uvicorn's write of each chunk, ~0.1 ms
+    # a chunk, and the SSE re-encoding; /proc measures the same +6 ms a streamed request with
+    # tracekit off), so its p95 sits at the rule's 10 ms gate and crosses it on a busy host.
+    extra = flagged(report) - SEEDED
+    own = [f for f in report["findings"] if f["rule"] == "cpu-on-loop" and f["stage"] is None]
+    assert flagged(report) >= SEEDED, json.dumps(report["findings"], indent=1)[:3000]
+    assert extra <= {("cpu-on-loop", None)}, extra
+    assert all(f["severity"] == "low" for f in own), own
     # No symptom reported twice: each (rule, stage) once, folded or not.
     pairs = [(f["rule"], f["stage"]) for f in report["findings"]]
     pairs += [(r, f["stage"]) for f in report["findings"] for r in f["explains"]]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from tracekit import semconv
+from tracekit.analysis.assembly.grouping import LeftOut
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis.readers.common import ReadStats
@@ -135,20 +136,27 @@ def _warn(report: Report, stats: ReadStats) -> None:
     report.warnings[:0] = lines
 
 
-def _warn_orphans(report: Report, spans: int, traces: int, model_server: int) -> None:
+def _warn_left_out(report: Report, left_out: LeftOut) -> None:
     # Stage spans without their request span are not requests (assembly leaves them out):
-    # one line says so, and why it usually happens (docs/composition.md).
-    if model_server:
+    # one line says so, and why it usually happens (docs/composition.md). Spans read twice
+    # are counted once: one line says so, since a provider exporting twice is a set-up bug.
+    if left_out.duplicate_spans:
         report.warnings.append(
-            f"{model_server:,} model server spans ({semconv.VLLM_REQUEST_SPAN}) had no model "
-            "call in the input to join, so they are not requests: calls straight to the model "
-            "server, or a gateway whose spans went elsewhere"
+            f"{left_out.duplicate_spans:,} spans repeated a span id already read in their "
+            "trace, and were counted once: was each span exported twice (two exporters or "
+            "processors writing to the same place)?"
         )
-    if spans:
+    if left_out.model_server_spans:
         report.warnings.append(
-            f"{spans:,} stage spans in {traces:,} traces have no request (SERVER) span in the "
-            "input, so they are not counted as requests: was the server span exported "
-            "elsewhere? (docs/composition.md)"
+            f"{left_out.model_server_spans:,} model server spans ({semconv.VLLM_REQUEST_SPAN}) "
+            "had no model call in the input to join, so they are not requests: calls straight "
+            "to the model server, or a gateway whose spans went elsewhere"
+        )
+    if left_out.orphan_spans:
+        report.warnings.append(
+            f"{left_out.orphan_spans:,} stage spans in {left_out.orphan_traces:,} traces have no "
+            "request (SERVER) span in the input, so they are not counted as requests: was the "
+            "server span exported elsewhere? (docs/composition.md)"
         )
 
 
@@ -177,7 +185,7 @@ def _analyze_in_parallel(
         report = _report(agg, path, route, found.spans, found.services, found.matched, found.others,
                          cores)  # fmt: skip
     _warn(report, found.stats)
-    _warn_orphans(report, *found.orphans)
+    _warn_left_out(report, found.left_out)
     return report
 
 
@@ -268,7 +276,7 @@ def analyze_spans(
             pipeline.aggregator, source, route, pipeline.spans, pipeline.services,
             pipeline.matched, pipeline.others, cores,
         )  # fmt: skip
-    _warn_orphans(report, *pipeline.orphans)
+    _warn_left_out(report, pipeline.left_out)
     return report
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tracekit.analysis.assembly.grouping import Group, Window
+from tracekit.analysis.assembly.grouping import Group, LeftOut, Window
 from tracekit.analysis.assembly.request_records import requests_of_trace, route_matches
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.readers.packing import pack, unpack
@@ -160,12 +160,9 @@ class Pipeline:
         return groups + more_groups, flushed
 
     @property
-    def orphans(self) -> tuple[int, int, int]:
-        """(spans, traces) of stages whose request span was not in the input (no request),
-        and the model server's spans that had no model call in the input to join."""
-        windows = (self.window, self._later)
-        return (sum(w.orphan_spans for w in windows), sum(w.orphan_traces for w in windows),
-                sum(w.model_server_spans for w in windows))  # fmt: skip
+    def left_out(self) -> LeftOut:
+        """What the input held that is no request (:class:`LeftOut`)."""
+        return self.window.left_out + self._later.left_out
 
     def _positioned(self, batch: list[Span]) -> Iterator[tuple[int, Span | None]]:
         n = self.spans

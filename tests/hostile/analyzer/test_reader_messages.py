@@ -216,3 +216,26 @@ def test_a_json_null_is_named_as_json_names_it(tmp_path: Path) -> None:
     path.write_bytes(b"null")
     code, _, err = run_main("analyze", str(path))
     assert code == 2 and err.strip().endswith("neither OTLP JSON nor Jaeger JSON (JSON null)")
+
+
+# --- spans exported twice -------------------------------------------------------------------
+def test_spans_exported_twice_are_counted_once_with_one_warning(
+    lines: list[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each batch written twice, as a provider with two processors to one file writes it.
+    once, twice = tmp_path / "once.jsonl", tmp_path / "twice.jsonl"
+    once.write_bytes(b"\n".join(lines) + b"\n")
+    twice.write_bytes(b"".join(line + b"\n" + line + b"\n" for line in lines))
+    monkeypatch.setenv(parallel.ENV_WORKERS, "1")
+    want = api.analyze(once)
+    assert not want.warnings
+    got = api.analyze(twice)
+    assert got.warnings == [
+        f"{want.spans:,} spans repeated a span id already read in their trace, and were "
+        "counted once: was each span exported twice (two exporters or processors writing to "
+        "the same place)?"
+    ]
+    assert got.requests == want.requests and got.routes == want.routes
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 1)
+    monkeypatch.setenv(parallel.ENV_WORKERS, "3")
+    assert api.analyze(twice).to_dict() == got.to_dict()

@@ -26,7 +26,8 @@ become requests, because a top-most span of a fragment is not a real request roo
 server's span is never a request (a client probing the model server directly), not even a
 top-most one.
 
-Hostile input never hangs or crashes assembly: duplicate span ids keep the first span, a
+Hostile input never hangs or crashes assembly: duplicate span ids keep the first span (and
+are counted: spans exported twice are a set-up problem the report names), a
 span that is its own parent is a root, cycles in parent links are cut by a visited set in
 iterative walks, negative durations are clamped to zero, and malformed ``tracekit.*`` values
 are ignored (the component becomes ``None``). Record building lives in
@@ -38,6 +39,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tracekit.analysis.assembly.request_records import (
     DECODED_KEYS,
@@ -56,6 +58,7 @@ from tracekit.errors import ConfigurationError
 __all__ = [
     "DECODED_KEYS",
     "Group",
+    "LeftOut",
     "Window",
     "assemble",
     "compact",
@@ -99,6 +102,23 @@ def assemble(
 def _stream(window: Window, spans: Iterable[Span]) -> Iterator[RequestRecord]:
     yield from window.run(enumerate(spans, start=1))
     yield from window.finish()
+
+
+class LeftOut(NamedTuple):
+    """What assembly read and counted as no request, for the report's warnings."""
+
+    #: Stage spans (and their traces) whose request span was not in the input.
+    orphan_spans: int = 0
+    orphan_traces: int = 0
+    #: The model server's spans that had no model call in the input to join.
+    model_server_spans: int = 0
+    #: Spans whose trace already had a span of their id (the first was kept).
+    duplicate_spans: int = 0
+
+    def __add__(self, other: object) -> LeftOut:
+        if not isinstance(other, LeftOut):
+            return NotImplemented
+        return LeftOut(*(a + b for a, b in zip(self, other, strict=True)))
 
 
 @dataclass(eq=False, slots=True)
@@ -147,8 +167,16 @@ class Window:
         self.orphan_spans = 0
         # Model server spans in traces of nothing else (no model call to join: not requests).
         self.model_server_spans = 0
+        # Spans that repeated a span id of their trace (a trace exported twice).
+        self.duplicate_spans = 0
         self._sweep_every = max(1, max_open_traces // 4)
         self._sweep_at = self._sweep_every
+
+    @property
+    def left_out(self) -> LeftOut:
+        """What the traces flushed so far held that is no request."""
+        return LeftOut(self.orphan_spans, self.orphan_traces, self.model_server_spans,
+                       self.duplicate_spans)  # fmt: skip
 
     @property
     def reach(self) -> int:
@@ -220,6 +248,7 @@ class Window:
             del self.open[trace_id]
         self.flushed[trace_id] = at
         self._expiry.append((at, trace_id))
+        self.duplicate_spans += len(group.spans) - len({span.span_id for span in group.spans})
         requests = self.build(group.spans, late=group.late)
         if not requests and not group.late and group.spans and not loop_trace(group.spans):
             if model_server_trace(group.spans):

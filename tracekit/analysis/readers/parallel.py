@@ -256,8 +256,7 @@ def _collect(
             sample += chunk
         samples.append(sample)
         total.spans += partial.spans
-        total.orphans = (total.orphans[0] + partial.orphans[0], total.orphans[1] + partial.orphans[1],
-                         total.orphans[2] + partial.orphans[2])  # fmt: skip
+        total.left_out += partial.left_out
         total.stats.skipped += partial.stats.skipped
         total.stats.truncated += partial.stats.truncated
         total.stats.cut_tail_bytes += partial.stats.cut_tail_bytes

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
+from tracekit.analysis.assembly.grouping import LeftOut
 from tracekit.analysis.model import Span
 from tracekit.analysis.pipeline import BATCH_SPANS, Pipeline, Settings
 from tracekit.analysis.readers.common import ReadStats
@@ -61,7 +62,7 @@ class Partial:
     matched: list[str]
     others: list[str]
     sample_keys: list[Any] = field(default_factory=list)
-    orphans: tuple[int, int, int] = (0, 0, 0)  # Pipeline.orphans
+    left_out: LeftOut = field(default_factory=LeftOut)
 
 
 def worker_main(argv: list[str]) -> None:
@@ -113,7 +114,7 @@ def _work(
         partial = Partial(
             pipeline.aggregator, stats, pipeline.spans, list(pipeline.services),
             list(pipeline.matched), list(pipeline.others), [key for key, _ in kept],
-            pipeline.orphans,
+            pipeline.left_out,
         )  # fmt: skip
         parent.send(("ok", partial))
         cutoff = parent.recv()
