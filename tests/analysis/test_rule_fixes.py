@@ -13,7 +13,7 @@ from tests.analysis.factories import request, stage
 from tracekit import semconv
 from tracekit.analysis.assembly.blocked_sites import IMPORT_PREFIX, blocked_site
 from tracekit.analysis.assembly.request_records import stage_record
-from tracekit.analysis.model import Event, Span
+from tracekit.analysis.model import Event, Span, StageRecord
 from tracekit.analysis.rules import run_rules
 from tracekit.analysis.rules.common import named
 from tracekit.analysis.rules.cpu_on_loop import GENERATOR_NOTE, PARSER_NOTE, fix_for_cpu
@@ -276,3 +276,21 @@ def test_a_finalizer_the_sample_landed_in_is_not_what_the_stage_runs() -> None:
     assert blocked_site(APP, [_catch(APP, closing)]) == (APP, "copy.py:70 in deepcopy")
     code = _code(frames=None, blocked_at=APP, shape="function")
     assert cpu_of(code)[1] == f"caught running its own Python code at {APP}"
+
+
+def test_the_evidence_quotes_a_typical_profile_not_the_largest() -> None:
+    # A new user's trial: the evidence quoted a 124 ms profile among forty of ~20 ms.
+    def profiled(ms: float, hot: str) -> StageRecord:
+        return StageRecord("tokenize", "tokenize", "b" * 16, None, 0, 10**7, cpu_ms=ms,
+                           attributes={semconv.PROFILE_HOT: hot, semconv.PROFILE_MS: ms})  # fmt: skip
+
+    typical = "encode (app/tok.py:9) self 18.0 ms, total 19.0 ms"
+    outlier = "collect (<built-in>) self 100.0 ms, total 100.0 ms\nencode (app/tok.py:9) self 20.0 ms"
+    records = [profiled(18.0 + i % 5, typical) for i in range(40)] + [profiled(124.0, outlier)]
+    code = StageCode.of("tokenize", records)
+    assert code.hot == typical and 18.0 <= code.profiled_ms <= 22.0 and code.profiles == 41
+    assert code.profile_note().startswith("; pyinstrument (the median of 41 profiled calls, ")
+    one = StageCode.of("tokenize", [profiled(124.0, outlier)])
+    assert one.profile_note().startswith("; pyinstrument (a profiled call, 124 ms sampled)")
+    unprofiled = StageRecord("tokenize", "tokenize", "c" * 16, None, 0, 1)
+    assert StageCode.of("tokenize", [unprofiled]).profile_note() == ""
