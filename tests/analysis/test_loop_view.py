@@ -23,10 +23,11 @@ from tracekit._percentile import percentile
 from tracekit.analysis.api import analyze_spans
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import Pipeline, Settings
+from tracekit.analysis.replay import Replayer
 from tracekit.analysis.replay.sim import lone_rate
 from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, Rule, run_rules
 from tracekit.analysis.rules.findings import RuleContext
-from tracekit.analysis.rules.loop_load import utilisation_factor
+from tracekit.analysis.rules.loop_load import _residence, utilisation_factor
 from tracekit.analysis.rules.loop_saturated import TARGET_BUSY
 from tracekit.analysis.stats.loop_windows import LoopWindows
 from tracekit.render.text import render_text
@@ -171,7 +172,7 @@ def test_loop_saturated_fires_on_many_short_slices_with_its_figures() -> None:
     assert [f.rule for f in report.findings if f.rule in ("cpu-on-loop", "blocking-call-on-loop")] == []
     (f,) = found
     assert f.route == ROUTE and f.stage is None
-    assert "busy 95% of the time (median of 4 windows" in f.evidence
+    assert "busy 95% of the time its requests were in flight (median of 4 windows" in f.evidence
     assert "work made ready waited 8.0 ms for it (median window lag p50; p95 25 ms)" in f.evidence
     assert "runnable more than it ran" not in f.evidence  # 95% on-CPU: not short of CPU
     assert "each request ran 9.0 ms of CPU on it" in f.evidence
@@ -179,18 +180,51 @@ def test_loop_saturated_fires_on_many_short_slices_with_its_figures() -> None:
     assert "0.50 ms per request that no request owns" in f.evidence  # (40 + 10) ms / 100 requests
     # The wait before a request's span begins is not in its latency, and the finding says so.
     assert "which no latency here includes: clients saw more" in f.evidence
-    # The worker count aims at TARGET_BUSY; the queueing projection scales each loop wait.
+    # The worker count aims at TARGET_BUSY.
     workers = math.ceil(0.95 / TARGET_BUSY)
     assert f"--workers {workers}" in f.fix_code
+    # The requests chain as closed-loop clients: more workers answer them sooner, so they send
+    # more (mean value analysis, not a fixed arrival rate), and the loops fill again.
+    p = f.projection
+    assert p is not None and p["model"]["arrivals"] == "closed" and p["model"]["workers"] == workers
+    assert p["model"]["clients"] == report.to_dict()["validation"]["model"]["clients"]
+    (p50_before, p50_after), (rps_before, rps_after) = p["p50_ms"], p["throughput_rps"]
+    assert p50_after < p50_before and rps_before < rps_after < workers * rps_before
+    for metric in ("p50_ms", "p95_ms", "throughput_rps"):
+        low, high = p["range"][metric]
+        assert low <= p[metric][1] <= high
+    assert f"{rps_before:.0f} -> {rps_after:.0f} req/s" in f.fix_code
+    assert "guardrail (POST /v1/chat): 4.0 ms per request" in f.fix_code  # the biggest stage first
+    assert f.severity == "high"
+
+
+def test_loop_saturated_keeps_open_arrivals_rate_and_scales_each_loop_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Arrivals the replay reads as open keep their rate: M/M/1, each loop wait scaled.
+    monkeypatch.setattr(Replayer, "statement", lambda self, route: {"arrivals": "open"})
+    report = analyze_spans(_saturated())
+    (f,) = [f for f in report.findings if f.rule == "loop-saturated"]
+    workers = math.ceil(0.95 / TARGET_BUSY)
     factor = utilisation_factor(0.95, 0.95 / workers)
     reqs = [r for r in report.sample if r.route == ROUTE]
     before = [r.wall_ms for r in reqs]
     after = [r.wall_ms - (r.loop_wait_ms or 0.0) * (1 - factor) for r in reqs]
-    assert f.projection is not None
+    assert f.projection is not None and f.projection["model"]["arrivals"] == "open"
     assert f.projection["p50_ms"] == pytest.approx([percentile(before, 0.5), percentile(after, 0.5)])
     assert f.projection["p95_ms"] == pytest.approx([percentile(before, 0.95), percentile(after, 0.95)])
-    assert "guardrail (POST /v1/chat): 4.0 ms per request" in f.fix_code  # the biggest stage first
-    assert f.severity == "high"
+    rps = f.projection["throughput_rps"]
+    assert rps[0] == rps[1]
+
+
+def test_the_closed_loop_residence_is_mean_value_analysis() -> None:
+    # Hand-worked MVA for one station (10 ms a visit) and 10 ms away between visits:
+    # 1 client: R 10, Q 10/20 = 0.5; 2: R 10 x 1.5 = 15, Q 2 x 15/25 = 1.2; 3: R 22.
+    assert [_residence(n, 10.0, 10.0) for n in (1, 2, 3)] == pytest.approx([10.0, 15.0, 22.0])
+    assert _residence(2.5, 10.0, 10.0) == pytest.approx(18.5)  # between 2 and 3 clients
+    assert _residence(0.5, 10.0, 10.0) == pytest.approx(10.0)  # alone: no queue
+    # Saturated (demand over the whole cycle): N clients queue, R -> N x D - outside.
+    assert _residence(40, 10.0, 10.0) == pytest.approx(390.0, rel=1e-3)
 
 
 def test_loop_saturated_gives_the_measured_wait_before_the_spans_as_a_lower_bound() -> None:
@@ -246,7 +280,9 @@ def test_a_loop_busy_while_requests_are_in_flight_is_busy_in_its_edge_windows_to
                for i, cpu in enumerate([180.0, 900.0, 900.0, 180.0])]  # fmt: skip
     reqs = [span for t in range(800, 3160, 10) for span in request_spans(float(t), 50.0, SHORT)]
     evidence = _saturation([*windows, *reqs])
-    assert "busy 90% of the time (median of 4 windows, p95 90%" in evidence
+    assert "busy 90% of the time its requests were in flight (median of 4 windows, p95 90%" in (
+        evidence
+    )
     assert "may have waited" not in evidence  # 90% is busy: no reason for less is needed
 
 

@@ -206,7 +206,8 @@ def _rules_and_validation(
     # One replayer for the self-check and every projection: it caches the as-recorded replay.
     replayer = Replayer(ReplayConfig(cores=cores), agg.loops.loop_cpu())
     ctx = RuleContext(
-        route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops
+        route=single, routes=route_dicts, slo=agg.slo, project=replayer.project, loops=agg.loops,
+        statement=replayer.statement,
     )
     validation: dict[str, Any] = replayer.validate(sample).to_dict()
     found = run_rules(sample, ctx, routes=only)

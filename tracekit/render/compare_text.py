@@ -198,11 +198,13 @@ class _Renderer:
         if c.get("stage"):
             self._row("  stage ms/request", c.get("stage_ms"))
         # The mechanism judged only the change made: another fix's figures are not shown.
+        model = c.get("model")
+        queueing = isinstance(model, Mapping) and model.get("method") == "queueing"
         for m in c.get("metrics") or []:
             if isinstance(m, Mapping) and m.get("verdict") != NOT_MADE:
-                self._metric(m)
+                self._metric(m, "queueing model" if queueing else "replayed")
 
-    def _metric(self, m: Mapping[str, Any]) -> None:
+    def _metric(self, m: Mapping[str, Any], how: str) -> None:
         label = _METRIC_LABELS.get(str(m.get("metric")), _s(m.get("metric")))
         expected = m.get("projected_change_pct")
         if _is_pair(expected):
@@ -211,12 +213,13 @@ class _Renderer:
             projected = f"{low:+.1f}%" if low == high else f"{low:+.1f}% to {high:+.1f}%"
         else:
             projected = "-"
-        # The projected change starts from the replay's BEFORE (the recording replayed), which
-        # is not the measured BEFORE: both are shown, each with its own values.
+        # The projected change starts from the model's BEFORE (the recording replayed, or the
+        # queueing model's measured one), which may not be the measured BEFORE: both are
+        # shown, each with its own values, the projection's labelled by its model.
         unit = " req/s" if m.get("metric") == "throughput_rps" else " ms"
         values = m.get("projected")
         if _is_pair(values):
-            projected += f" (replayed {fmt_ms(values[0])} {self.g.arrow} {fmt_ms(values[1])}{unit})"
+            projected += f" ({how} {fmt_ms(values[0])} {self.g.arrow} {fmt_ms(values[1])}{unit})"
         measured = m.get("measured_change_pct")
         shown = f"{measured:+.1f}%" if _is_number(measured) else "-"
         ci = m.get("measured_ci_pct")

@@ -311,7 +311,8 @@ class _Renderer:
             self._wrap(text, 0, self.p.green)
         else:
             reason = v.get("reason") or "unknown reason"
-            self._wrap(f"Replay model: not validated, so no projections: {reason}", 0, self.p.dim)
+            self._wrap(f"Replay model: not validated, so no replayed projections (the queueing "
+                       f"model's, which replays nothing, still stand): {reason}", 0, self.p.dim)
         model = v.get("model")
         if isinstance(model, Mapping):
             self._wrap(f"assumed: {model_words(model)}", 2, self.p.dim, hang=2)

@@ -255,7 +255,7 @@ class Replayer:
                 f"route {worst}: simulated p50 off by {p50_error:+.0%}, p95 by {p95_error:+.0%} "
                 f"(tolerance ±{tol:.0%})"
             )
-        return Validation(reason is None, p50_error, p95_error, reason, errs, self._statement(None))
+        return Validation(reason is None, p50_error, p95_error, reason, errs, self.statement(None))
 
     def project(
         self, requests: Sequence[RequestRecord], fix: Fix
@@ -341,7 +341,7 @@ class Replayer:
         out: dict[str, Any] = {"route": route}
         out.update({key: [b[key], a[key]] for key in ("p50_ms", "p95_ms", "throughput_rps")})
         out["range"] = spread
-        out["model"] = self._statement(route)
+        out["model"] = self.statement(route)
         return out
 
     def _host_short(self, route: str) -> bool:
@@ -357,13 +357,16 @@ class Replayer:
                 counts[req.service] = counts.get(req.service, 0) + 1
         return max(sorted(counts), key=lambda s: counts[s])
 
-    def _statement(self, route: str | None) -> dict[str, Any] | None:
-        """The model statement of ``route``'s service (``None``: the busiest service)."""
+    def statement(self, route: str | None) -> dict[str, Any] | None:
+        """The model statement of ``route``'s service (``None``: the busiest service) in the
+        sample last validated or projected; ``None`` before one, or for a route it lacks."""
         loops = self._loops
         if loops is None or not loops.services:
             return None
         reqs = self._reqs
         if route is not None:
+            if not any(r.route == route for r in reqs):
+                return None
             service = self._service(route)
         else:
             service = max(sorted(loops.services), key=lambda s: len(loops.services[s].indexes))
@@ -379,7 +382,7 @@ class Replayer:
 
     def _hint(self, route: str, error: float) -> str:
         """What would let the replay project ``route`` (its error's sign says which way)."""
-        model = self._statement(route) or {}
+        model = self.statement(route) or {}
         reqs = [r for r in self._reqs if r.route == route]
         queued = sum(_queue_wait(r) for r in reqs) / max(1, len(reqs))
         hints = []

@@ -15,7 +15,7 @@ range reaches the before), counts as none: ``low``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -198,6 +198,10 @@ class RuleContext:
         loops: the event loops' windows
             (:class:`~tracekit.analysis.stats.loop_windows.LoopWindows`) when the traces had
             ``tracekit.loop`` spans; the loop rules need them, the others ignore them.
+        statement: the replay's model statement of a route's service (``statement(route)``:
+            its arrivals, clients, cores, the host's other load; a
+            :meth:`tracekit.analysis.replay.Replayer.statement`), for models other than the
+            replay that need the same reading; ``None``: not known.
     """
 
     route: str | None = None
@@ -206,6 +210,7 @@ class RuleContext:
     slo: Any = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
     loops: LoopWindows | None = None
+    statement: Callable[[str], dict[str, Any] | None] | None = None
 
 
 @dataclass

@@ -20,10 +20,20 @@ process, the loop's own waiting is all a fix removes (CPU moved off the loop sti
 elsewhere, at the same wall time), and the M/M/1 shape (exponential arrivals and slices: for
 many short slices of similar length the real wait is lower, down to half at the same
 utilisation for constant slices, M/D/1).
+
+**Closed loops** (:func:`closed_loop_projection`): where the replay reads the arrivals as
+``N`` closed-loop clients, more workers raise the throughput and the loops fill again. The
+service is then a closed queueing network solved by exact mean value analysis: the loop a
+station (its CPU per request over the CPU share the loop thread got), the rest of each
+client's cycle a delay, calibrated on the recorded time on the loop; ``N / W`` clients per
+worker; each worker at the loop's share of a CPU (the point) or at what it gets beside every
+other worker and the host's other threads (the range's far end). docs/analyzer-rules.md, "The
+queueing model", has the details and a measured check.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,11 +41,21 @@ from typing import Any
 from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.host import quantile_range
+from tracekit.analysis.replay.sim import fair_rates
 from tracekit.analysis.rules.findings import RuleContext
+from tracekit.analysis.rules.loop_index import loop_usage
 from tracekit.analysis.stats.intervals import merge, overlap
 from tracekit.analysis.stats.loop_windows import LoopWindow, processes
 
-__all__ = ["RHO_CAP", "LoopLoad", "loop_load", "loop_loads", "queueing_projection", "utilisation_factor"]
+__all__ = [
+    "RHO_CAP",
+    "LoopLoad",
+    "closed_loop_projection",
+    "loop_load",
+    "loop_loads",
+    "queueing_projection",
+    "utilisation_factor",
+]
 
 #: The highest utilisation the queueing model takes (see the module docstring).
 RHO_CAP = 0.98
@@ -228,3 +248,95 @@ def queueing_projection(
         "model": {"method": "queueing", "arrivals": "open", "rate_rps": round(rps, 3),
                   "cores": 1, "cores_source": "one per worker process"},  # fmt: skip
     }
+
+
+def closed_loop_projection(
+    load: LoopLoad, route: str, *, clients: int, workers: int, cores: int, others: float,
+    share: float,
+) -> dict[str, Any] | None:  # fmt: skip
+    """``route``'s before and after when a closed loop of ``clients`` is served by
+    ``workers`` processes instead of ``load.processes`` (the module docstring, "Closed
+    loops").
+
+    Args:
+        load: the service's loop windows and the requests that started in them.
+        route: the route whose figures the projection gives.
+        clients: the closed loop's clients (the replay's reading of the arrivals).
+        workers: the worker processes after the fix.
+        cores / others: the gateway host's cores and its other runnable threads on average
+            (:class:`~tracekit.analysis.replay.host.Host`).
+        share: the share of a CPU the loop thread got while ready to run (1: not measured).
+
+    Returns:
+        The projection (as :func:`queueing_projection`'s), or ``None`` without instrumented
+        requests of the route or a measured cycle to read the clients' own time from.
+    """
+    reqs = [r for r in load.requests if r.instrumented]
+    mine = [r for r in reqs if r.route == route]
+    if not mine or clients < 1:
+        return None
+    span_ms = (max(r.end_ns for r in reqs) - min(r.start_ns for r in reqs)) / _NS
+    share = min(max(share, 0.05), 1.0)
+    own = {id(r): sum(u.cpu_ms for u in loop_usage(r).values()) for r in reqs}
+    waited = sum(r.loop_wait_ms or 0.0 for r in reqs) / len(reqs)
+    cpu = sum(own.values()) / len(reqs)
+    held = cpu / share + waited  # a request's time on the loop, its CPU stretched by the host
+    demand = load.cpu_ms / max(1, len(load.requests))  # all the loop's CPU, per request
+    if span_ms <= 0 or demand <= 0 or held <= 0:
+        return None
+    # Everything in a client's cycle but the loop: its own time, the model, other waits.
+    outside = max(0.0, clients * span_ms / len(reqs) - held)
+    before_model = _residence(clients / load.processes, demand / share, outside)
+    calibration = held / before_model if before_model > 0 else 1.0
+    # The shares a worker gets: what the loop got (a core each, where free), or less with
+    # every other worker runnable beside the host's other threads.
+    crowded = fair_rates(cores, 1, workers - 1, others)[0]
+    shares = sorted({share, min(share, crowded)}, reverse=True)
+    befores = [r.wall_ms for r in mine]
+    outcomes = []
+    for worker_share in shares:
+        after_held = calibration * _residence(clients / workers, demand / worker_share, outside)
+        stretched = cpu / worker_share
+        scale = max(0.0, after_held - stretched) / waited if waited > 0 else 1.0
+        afters = [
+            max(0.0, r.wall_ms + own[id(r)] * (1 / worker_share - 1 / share)
+                - (r.loop_wait_ms or 0.0) * (1.0 - scale))
+            for r in mine
+        ]  # fmt: skip
+        outcomes.append((afters, (outside + held) / (outside + after_held)))
+    rps = len(mine) / span_ms * 1e3
+    (central, speedup), (far, far_speedup) = outcomes[0], outcomes[-1]
+    ranges = {
+        q: (min(quantile_range(central, q)[0], quantile_range(far, q)[0]),
+            max(quantile_range(central, q)[1], quantile_range(far, q)[1]))
+        for q in (0.5, 0.95)
+    }  # fmt: skip
+    return {
+        "route": route,
+        "p50_ms": [percentile(befores, 0.5), percentile(central, 0.5)],
+        "p95_ms": [percentile(befores, 0.95), percentile(central, 0.95)],
+        "throughput_rps": [rps, rps * speedup],
+        "range": {"p50_ms": list(ranges[0.5]), "p95_ms": list(ranges[0.95]),
+                  "throughput_rps": sorted([rps * far_speedup, rps * speedup])},
+        "model": {"method": "queueing", "arrivals": "closed", "clients": clients,
+                  "workers": workers, "cores": cores, "host_others": round(others, 2),
+                  "loop_cpu_share": round(share, 3),
+                  "worker_cpu_share": [round(shares[-1], 3), round(shares[0], 3)]},
+    }  # fmt: skip
+
+
+def _residence(clients: float, demand: float, outside: float) -> float:
+    """Mean time a request spends at one queueing station (service ``demand`` ms a visit)
+    with ``clients`` circulating, each ``outside`` ms away between visits: exact mean value
+    analysis (the recursion over 1..N clients), linear between the two whole numbers around
+    a fractional count (clients split over workers). Cost: O(clients)."""
+    if clients <= 1:
+        return demand
+    whole = math.floor(clients)
+    residences = [demand]  # with 1, 2, ... whole + 1 clients
+    queue = demand / (demand + outside)
+    for n in range(2, whole + 2):
+        residences.append(demand * (1 + queue))
+        queue = n * residences[-1] / (residences[-1] + outside)
+    low, high = residences[whole - 1], residences[whole]
+    return low + (clients - whole) * (high - low)

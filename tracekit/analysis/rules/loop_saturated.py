@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from tracekit import semconv
 from tracekit._percentile import percentile
@@ -42,6 +43,7 @@ from tracekit.analysis.rules.findings import Finding, RuleContext, assess_severi
 from tracekit.analysis.rules.loop_index import Usage, loop_usage
 from tracekit.analysis.rules.loop_load import (
     LoopLoad,
+    closed_loop_projection,
     loop_loads,
     queueing_projection,
     utilisation_factor,
@@ -159,9 +161,8 @@ class LoopSaturated:
         # The queueing model gives each worker a core of its own: on a host short of CPU the
         # cores are not free, and it would project a gain the host cannot give.
         short = load.cpu_wait_share is not None and load.cpu_wait_share >= HOST_SHORT_SHARE
-        projection = (
-            None if short else queueing_projection(requests, victim, utilisation_factor(rho, rho_after))
-        )
+        projection = None if short else self._workers_projection(
+            load, requests, victim, ctx, workers, utilisation_factor(rho, rho_after))
         per_request = load.per_request(total)
         ranked = sorted(cpu, key=lambda k: (-cpu[k], k[0], k[1] or ""))
         n = max(1, len(load.requests))
@@ -172,9 +173,9 @@ class LoopSaturated:
         ]
         folded = [f"{name_of(k[1])}: see {flagged[k]}" for k in ranked if k in flagged]
         evidence = [
-            f"the event loop of {load.service} was busy {load.busy_p50:.0%} of the time (median of "
-            f"{len(load.windows)} windows, p95 {percentile(load.busy, 0.95):.0%}; {now} "
-            f"process{'es' if now > 1 else ''})"
+            f"the event loop of {load.service} was busy {load.busy_p50:.0%} of the time its "
+            f"requests were in flight (median of {len(load.windows)} windows, p95 "
+            f"{percentile(load.busy, 0.95):.0%}; {now} process{'es' if now > 1 else ''})"
         ]
         if load.lag_p50_ms is not None and load.lag_p95_ms is not None:
             evidence.append(
@@ -220,10 +221,15 @@ class LoopSaturated:
             )
         title, code = loop_fixes.more_workers(workers, now, rho, rho_after)
         if projection is not None:
+            closed = projection["model"]["arrivals"] == "closed"
+            how = (f"{projection['model']['clients']} closed-loop clients, mean value analysis"
+                   if closed else "M/M/1 loop, open arrivals")  # fmt: skip
+            rps = projection["throughput_rps"]
             code += (
-                f"# projected for {victim} (queueing model, M/M/1 loop, open arrivals): p50 "
+                f"# projected for {victim} (queueing model, {how}): p50 "
                 f"{projection['p50_ms'][0]:.0f} -> {projection['p50_ms'][1]:.0f} ms, p95 "
-                f"{projection['p95_ms'][0]:.0f} -> {projection['p95_ms'][1]:.0f} ms\n"
+                f"{projection['p95_ms'][0]:.0f} -> {projection['p95_ms'][1]:.0f} ms"
+                + (f", {rps[0]:.0f} -> {rps[1]:.0f} req/s" if closed else "") + "\n"
             )
         lines = self._candidates(load, ranked, flagged, cpu, uses, total, rho, victim, requests, ctx)
         if lines:
@@ -245,6 +251,23 @@ class LoopSaturated:
                 f"model, a core per worker, would project a gain the host cannot give"
                 if short else "no instrumented requests to project"),
         )  # fmt: skip
+
+    @staticmethod
+    def _workers_projection(
+        load: LoopLoad, requests: Sequence[RequestRecord], victim: str, ctx: RuleContext,
+        workers: int, factor: float,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        # Closed-loop clients send again when answered: more workers raise the throughput,
+        # and the loops fill again (mean value analysis); open arrivals keep their rate (M/M/1).
+        model = ctx.statement(victim) if ctx.statement is not None else None
+        if model is not None and model.get("arrivals") == "closed":
+            share = model.get("loop_cpu_share")
+            return closed_loop_projection(
+                load, victim, clients=int(model["clients"]), workers=workers,
+                cores=int(model["cores"]), others=float(model.get("host_others") or 0.0),
+                share=float(share) if isinstance(share, (int, float)) else 1.0,
+            )  # fmt: skip
+        return queueing_projection(requests, victim, factor)
 
     @staticmethod
     def _why_not_busier(load: LoopLoad) -> str:
