@@ -21,7 +21,7 @@ from tracekit.analysis.rules.findings import Finding
 from tracekit.analysis.rules.fixes import unblock
 from tracekit.analysis.rules.folding import fold_symptoms
 from tracekit.analysis.rules.stage_code import StageCode, cpu_of, hottest
-from tracekit.analysis.rules.stream_stall import _model_pace_ms
+from tracekit.analysis.rules.stream_stall import ARRIVALS, SUSPENDED, _model_pace_ms
 
 R = "POST /v1/chat/completions"
 APP = "app/gw.py:42 in check"
@@ -246,7 +246,7 @@ def _stream(itl_p50_ms: float, loop_waits: list[tuple[float, float]]) -> float:
     req = request(R, 0, 221, [model], ttft_ms=100.0, chunks=25, itl_p50_ms=itl_p50_ms,
                   itl_p95_ms=30.0, tpot_ms=5.0)  # fmt: skip
     pace = _model_pace_ms(req)
-    assert pace is not None and pace[1]
+    assert pace is not None and pace[1] == SUSPENDED
     return pace[0]
 
 
@@ -258,6 +258,18 @@ def test_the_models_pace_is_its_suspended_time_per_chunk() -> None:
     # No bursts (median gap 3 ms, above the 2.8 ms it waited per gap): the model was
     # waited for after the loop wait, which is not its pace.
     assert _stream(3.0, waits) == pytest.approx((115.2 - 48) / 24)
+
+
+def test_the_models_pace_is_its_chunks_arrivals_where_they_were_timed() -> None:
+    # A new user's saturated loop: the model streamed a chunk every 5 ms, its stage's
+    # suspended time less the loop waits said 2.8 ms; the httpx integration's arrivals, 5.6.
+    model = stage("model", 0, 220, kind="model", cpu_ms=4.8, wait_ms=100, waits=[(120.0, 168.0)],
+                  attributes={semconv.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: 0.1,
+                              semconv.UPSTREAM_TPOT_MS: 5.6})  # fmt: skip
+    req = request(R, 0, 221, [model], ttft_ms=100.0, chunks=25, itl_p50_ms=3.0, itl_p95_ms=30.0)
+    assert _model_pace_ms(req) == (5.6, ARRIVALS)
+    model.attributes[semconv.UPSTREAM_TPOT_MS] = "5.6"  # malformed: the stage's estimate
+    assert _model_pace_ms(req) == (pytest.approx((115.2 - 48) / 24), SUSPENDED)
 
 
 def test_a_finalizer_the_sample_landed_in_is_not_what_the_stage_runs() -> None:
