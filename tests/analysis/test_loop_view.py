@@ -114,6 +114,9 @@ def test_worker_processes_sharing_a_thread_name_are_counted() -> None:
     d = analyze_spans([*windows, *_traffic(3, 5, [("tokenize", 1.0, 0.0)])]).to_dict()
     (one,) = d["loop"]["loops"]
     assert one["processes"] == 2 and one["windows"] == 6
+    # Its seconds are the processes' together (a new user read 14 s for a 7 s run).
+    said = " ".join(render_text(d, width=100, color=False).split())
+    assert "6 windows (6 s of loop time, all processes) · 2 processes" in said
 
 
 def test_loop_windows_merge_exactly_as_the_parallel_reader_merges_them() -> None:

@@ -493,3 +493,27 @@ def test_the_applications_background_tasks_are_named_with_their_cpu(loop_kind: s
     for w in windows:  # in every window, a part of the background, never more
         a = w.attributes
         assert sum(a.get(sc.LOOP_BACKGROUND_TASKS_CPU_MS, ())) <= a[sc.LOOP_BACKGROUND_CPU_MS] * 1.02 + 0.5, a
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_request_task_made_by_the_servers_own_task_has_its_start_wait(loop_kind: str) -> None:
+    # hypercorn makes each request's task from its connection's task (uvicorn from a protocol
+    # callback): the wait from the task's creation to its first step is measured for both.
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        await _respond(send)
+
+    async def connection() -> None:
+        # Warm the loop's view (the first traced request installs the task factory).
+        await _call(app, loop_kind)
+        request = asyncio.get_running_loop().create_task(_call(app, loop_kind))
+        time.sleep(0.03)  # the connection's task holds the loop: the request's task waits
+        await request
+
+    async def main() -> None:
+        await asyncio.get_running_loop().create_task(connection())
+
+    with tracekit.record() as rec:
+        _run(main(), loop_kind)
+        spans = rec.spans
+    waits = [s.attributes.get(sc.START_WAIT_MS) for s in spans if s.kind.name == "SERVER"]
+    assert len(waits) == 2 and waits[1] is not None and 25.0 <= waits[1] < 1000.0, waits

@@ -22,8 +22,10 @@ their steps (:func:`_background`; two CPU-clock reads a step): the CPU of the st
 traced slices and garbage collection goes to the loop view under the coroutine's name, so a
 report can say which background task holds the loop. Tasks made in a callback (a server's
 task per request, made as its protocol parses a request) are not wrapped (that cost 6 µs a
-request under uvicorn, bench/throughput.py); their creation is timed (:data:`CREATED`), so
-the middleware knows how long its request's task waited to run (``tracekit.start_wait_ms``).
+request under uvicorn, bench/throughput.py); the creation of every task of no traced request
+is timed (:data:`CREATED`), so the middleware knows how long its request's task waited to run
+(``tracekit.start_wait_ms``), whether the server made it in a callback (uvicorn) or from its
+connection's task (hypercorn).
 
 A factory the application set before tracekit's is kept and called with the wrapped
 coroutine; one set after replaces tracekit's (spawned tasks are then seen as background).
@@ -238,9 +240,9 @@ def fold(led: Ledger) -> None:
     led.cpu_on = led.cpu_off = led.loop_wait = 0
 
 
-#: When tasks made in a callback (a server's task per request) were created, by id(task), with
-#: the task (weakly: an id can be reused once a task is gone): the middleware reads its
-#: request's (tracekit._core.asgi.enter). Bounded: cleared past the cap.
+#: When tasks of no traced request (a server's task per request among them) were created, by
+#: id(task), with the task (weakly: an id can be reused once a task is gone): the middleware
+#: reads its request's (tracekit._core.asgi.enter). Bounded: cleared past the cap.
 CREATED: Final[dict[int, tuple[int, Any]]] = {}
 MAX_CREATED: Final = 4096
 
@@ -248,7 +250,7 @@ MAX_CREATED: Final = 4096
 def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options: Any) -> Any:
     """Create a task for ``coro`` (through ``previous``, the factory set before tracekit's,
     if any), its coroutine driven when the task belongs to a traced request."""
-    made_in_callback = False
+    timed = False  # a task of no traced request: maybe a server's task for one
     try:
         context = options.get("context")
         spawner = get_ledger() if context is None else context.get(current_ledger, None)
@@ -258,15 +260,18 @@ def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options:
             led.spawner = spawner
             coro = SpawnedCoroutine(coro, led)
         elif asyncio.current_task(loop) is None:
-            made_in_callback = True  # a server's task per request, made as it read one
-        elif hasattr(coro, "send"):
-            # A task of no traced request, created by a task (the application's background
-            # work; not a server's per-connection task, made in a protocol callback): named.
-            coro = SpawnedCoroutine(coro, None)
+            timed = True  # a server's task per request, made as it read one (uvicorn)
+        else:
+            # A task of no traced request, created by a task: the application's background
+            # work (named), or a server's task per request made by its connection's task
+            # (hypercorn), whose creation is timed as well.
+            timed = True
+            if hasattr(coro, "send"):
+                coro = SpawnedCoroutine(coro, None)
     except Exception:
         internal_error("spawned task")
     task = asyncio.Task(coro, loop=loop, **options) if previous is None else previous(loop, coro, **options)
-    if made_in_callback:
+    if timed:
         try:
             if len(CREATED) >= MAX_CREATED:
                 CREATED.clear()

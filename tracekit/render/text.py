@@ -452,7 +452,8 @@ class _Renderer:
             self._wrap(
                 f"{p.bold}event loop {one.get('service') or '?'}/{one.get('thread')}{p.reset} "
                 f"{g.dot} {_count(_int(one.get('windows')), 'window')} "
-                f"({_int(one.get('window_s')):,} s) {g.dot} {_count(n, 'process')}", 0)
+                f"({_int(one.get('window_s')):,} s{' of loop time, all processes' if n > 1 else ''}) "
+                f"{g.dot} {_count(n, 'process')}", 0)
             busy = one.get("busy") or {}
             self._wrap("busy          " + "  ".join(
                 f"{k} {_pct0(busy.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
