@@ -24,6 +24,8 @@ def more_workers(workers: int, now: int, rho: float, rho_after: float) -> tuple[
 uvicorn app:app --workers {workers}
 # or, under gunicorn:
 gunicorn app:app -k uvicorn.workers.UvicornWorker --workers {workers}
+# or, under hypercorn:
+hypercorn app:app --workers {workers}
 """
     return title, code
 
