@@ -185,7 +185,8 @@ def test_loop_saturated_fires_on_many_short_slices_with_its_figures() -> None:
     assert "which no latency here includes: clients saw more" in f.evidence
     # The worker count aims at TARGET_BUSY.
     workers = math.ceil(0.95 / TARGET_BUSY)
-    for server in ("uvicorn app:app", "gunicorn app:app -k uvicorn.workers.UvicornWorker", "hypercorn app:app"):
+    servers = ("uvicorn app:app", "gunicorn app:app -k uvicorn.workers.UvicornWorker", "hypercorn app:app")
+    for server in servers:
         assert f"{server} --workers {workers}\n" in f.fix_code
     # The requests chain as closed-loop clients: more workers answer them sooner, so they send
     # more (mean value analysis, not a fixed arrival rate), and the loops fill again.
