@@ -119,6 +119,7 @@ INFLIGHT: Final = "tracekit.inflight"
 # --- loop window span ("tracekit.loop"): what one event loop ran in a window (docs/attributes.md) --
 LOOP_SPAN: Final = "tracekit.loop"
 LOOP_THREAD: Final = "tracekit.loop.thread"  # the loop thread's name
+LOOP_PID: Final = "tracekit.loop.pid"  # the process the loop runs in (worker processes)
 LOOP_BUSY_RATIO: Final = "tracekit.loop.busy_ratio"  # loop thread CPU / window wall time
 LOOP_CPU_MS: Final = "tracekit.loop.cpu_ms"  # loop thread CPU (kernel per-thread clock)
 LOOP_REQUESTS_CPU_MS: Final = "tracekit.loop.requests_cpu_ms"  # traced requests and tasks they spawned

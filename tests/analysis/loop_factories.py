@@ -39,6 +39,7 @@ def loop_span(
     tasks: int | None = None,
     runqueue: float | None = None,
     background_tasks: dict[str, float] | None = None,
+    pid: int | None = None,
 ) -> Span:
     """One window: CPU split in ms; the total and the busy ratio follow from it."""
     cpu = requests + gc_cpu + tracekit_cpu + background
@@ -65,6 +66,8 @@ def loop_span(
         attrs[semconv.LOOP_TASKS] = tasks
     if runqueue is not None:
         attrs[semconv.LOOP_RUNQUEUE_MS] = runqueue
+    if pid is not None:
+        attrs[semconv.LOOP_PID] = pid
     if background_tasks is not None:
         attrs[semconv.LOOP_BACKGROUND_TASKS] = list(background_tasks)
         attrs[semconv.LOOP_BACKGROUND_TASKS_CPU_MS] = list(background_tasks.values())

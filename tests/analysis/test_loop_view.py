@@ -117,6 +117,30 @@ def test_worker_processes_sharing_a_thread_name_are_counted() -> None:
     # Its seconds are the processes' together (a new user read 14 s for a 7 s run).
     said = " ".join(render_text(d, width=100, color=False).split())
     assert "6 windows (6 s of loop time, all processes) · 2 processes" in said
+    assert "by_process" not in one  # windows that do not name their process
+
+
+def test_each_worker_process_has_its_busy_share() -> None:
+    # gunicorn with two workers (a new user's trial): one 60-88% busy, the other ~17%; pooled,
+    # the windows read "busy p50 18%" and hid the hot one.
+    hot = [loop_span(i * 1000.0, requests=800, pid=4102) for i in range(3)]
+    cold = [loop_span(i * 1000.0 + 500, requests=170, pid=4101) for i in range(3)]
+    spans = [*hot, *cold, *_traffic(3, 5, [("tokenize", 1.0, 0.0)])]
+    one = analyze_spans(spans).to_dict()["loop"]["loops"][0]
+    assert one["by_process"] == [
+        {"pid": 4102, "windows": 3, "busy_mean": pytest.approx(0.8)},
+        {"pid": 4101, "windows": 3, "busy_mean": pytest.approx(0.17)},
+    ]
+    said = " ".join(render_text(analyze_spans(spans).to_dict(), width=100, color=False).split())
+    assert "by process pid 4102 busy 80% (3 windows) · pid 4101 busy 17% (3 windows)" in said
+    # The parallel reader's halves merge to the same.
+    halves = [Pipeline(Settings()), Pipeline(Settings())]
+    for part, pipeline in zip((spans[::2], spans[1::2]), halves, strict=True):
+        pipeline.add(part)
+        pipeline.finish()
+    merged = pickle.loads(pickle.dumps(halves[0].aggregator))
+    merged.merge(pickle.loads(pickle.dumps(halves[1].aggregator)))
+    assert merged.loops.to_dict()["loops"][0]["by_process"] == one["by_process"]
 
 
 def test_loop_windows_merge_exactly_as_the_parallel_reader_merges_them() -> None:

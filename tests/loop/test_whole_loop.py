@@ -10,6 +10,7 @@ Both loops, as real gateways run them: the stdlib loop and uvloop, HTTP by httpt
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from typing import Any
@@ -67,6 +68,7 @@ def test_the_loop_threads_cpu_is_accounted_for(loop: str, model: ModelServer, se
     proc_ms = (cpu_after - cpu_before) / 1e6
     windows = _windows(spans)
     assert windows, "no loop window was exported"
+    assert {w[sc.LOOP_PID] for w in windows} == {os.getpid()}  # the server runs in this process
     total = sum(w[sc.LOOP_CPU_MS] for w in windows)
     attributed = sum(w[sc.LOOP_REQUESTS_CPU_MS] + w[sc.LOOP_GC_CPU_MS] + w[sc.LOOP_TRACEKIT_CPU_MS]
                      for w in windows)  # fmt: skip

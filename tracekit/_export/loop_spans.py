@@ -10,6 +10,7 @@ exports nothing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -41,6 +42,7 @@ def window_attributes(window: dict[str, Any]) -> dict[str, Any]:
     counts = window["gc_counts"]
     attrs: dict[str, Any] = {
         semconv.LOOP_THREAD: window["thread"],
+        semconv.LOOP_PID: os.getpid(),  # worker processes share a thread name
         semconv.LOOP_BUSY_RATIO: min(1.0, window["thread_cpu"] / wall),
         semconv.LOOP_CPU_MS: window["thread_cpu"] / MS,
         semconv.LOOP_REQUESTS_CPU_MS: window["requests"] / MS,

@@ -457,6 +457,11 @@ class _Renderer:
             busy = one.get("busy") or {}
             self._wrap("busy          " + "  ".join(
                 f"{k} {_pct0(busy.get(k))}" for k in ("p50", "p95", "max")), 2, hang=14)
+            rows = [r for r in one.get("by_process") or [] if isinstance(r, Mapping)]
+            if rows:  # the windows above pool the processes: a hot one hides among them
+                self._wrap("by process    " + f" {g.dot} ".join(
+                    f"pid {_int(r.get('pid'))} busy {_pct0(r.get('busy_mean'))} "
+                    f"({_count(_int(r.get('windows')), 'window')})" for r in rows), 2, hang=14)
             waited = one.get("cpu_wait")
             if isinstance(waited, Mapping) and _is_number(waited.get("share")):
                 short = ""

@@ -65,6 +65,8 @@ HOST_SHORT_SHARE = 0.10
 #: Background task names counted per loop (the recorder exports 8 a window), and reported.
 MAX_TASK_NAMES = 256
 TASKS_SHOWN = 5
+#: Processes a loop's windows are summed for apart (worker processes; more are left out).
+MAX_PROCESSES = 64
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ class LoopWindow(Struct, array_like=True):
     runqueue_ms: float | None = None
     #: The tasks of no request that took the most background CPU: (coroutine, ms).
     background_tasks: tuple[tuple[str, float], ...] = ()
+    #: The process the loop ran in (None in traces recorded before tracekit wrote it).
+    pid: int | None = None
 
     @property
     def wall_ms(self) -> float:
@@ -176,6 +180,7 @@ def window_of(span: Span) -> LoopWindow | None:
         ms_value(a.get(semconv.LOOP_GC_MAX_CPU_MS)),
         ms_value(a.get(semconv.LOOP_RUNQUEUE_MS)),
         _tasks(a.get(semconv.LOOP_BACKGROUND_TASKS), a.get(semconv.LOOP_BACKGROUND_TASKS_CPU_MS)),
+        _count(a.get(semconv.LOOP_PID)),
     )  # fmt: skip
 
 
@@ -220,9 +225,9 @@ class LoopStats:
     """The counters and percentiles of one loop (see the module docstring)."""
 
     __slots__ = ("busy", "first_ns", "gc_counts", "gc_max_generation", "gc_max_ms", "inflight_max",
-                 "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "probes", "profile",
-                 "runqueue_cpu_ns", "runqueue_ns", "runqueue_wall_ns", "service", "task_cpu", "tasks_max",
-                 "thread", "windows")  # fmt: skip
+                 "lag_max_ms", "lag_p50", "lag_p95", "last_ns", "ns", "per_process", "probes",
+                 "profile", "runqueue_cpu_ns", "runqueue_ns", "runqueue_wall_ns", "service",
+                 "task_cpu", "tasks_max", "thread", "windows")  # fmt: skip
 
     #: The integer sums of ``ns``, in this order.
     SUMS = ("wall", "cpu", "requests", "gc_cpu", "tracekit", "background", "gc")
@@ -248,6 +253,8 @@ class LoopStats:
         # Run-queue delay, and the wall time and the loop's CPU of the windows that measured it.
         self.runqueue_ns = self.runqueue_wall_ns = self.runqueue_cpu_ns = 0
         self.task_cpu: dict[str, int] = {}  # background tasks' CPU by coroutine, ns
+        # Per process (worker processes share a loop's key): [windows, wall ns, CPU ns].
+        self.per_process: dict[int, list[int]] = {}
 
     def add(self, w: LoopWindow) -> None:
         """Count one window."""
@@ -280,6 +287,24 @@ class LoopStats:
             self.runqueue_cpu_ns += _to_ns(w.cpu_ms)
         for name, ms in w.background_tasks:
             self._task(name, _to_ns(ms))
+        if w.pid is not None:
+            self._process(w.pid, [1, values[0], _to_ns(w.cpu_ms)])
+
+    def _process(self, pid: int, sums: list[int]) -> None:
+        known = self.per_process.get(pid)
+        if known is not None:
+            self.per_process[pid] = [a + b for a, b in zip(known, sums, strict=True)]
+        elif len(self.per_process) < MAX_PROCESSES:
+            self.per_process[pid] = sums
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Each process's windows and busy share (its loop's CPU over its windows' wall time),
+        the busiest first; empty unless the windows name two processes or more."""
+        if len(self.per_process) < 2:
+            return []
+        rows = [{"pid": pid, "windows": n, "busy_mean": cpu / wall if wall > 0 else None}
+                for pid, (n, wall, cpu) in self.per_process.items()]  # fmt: skip
+        return sorted(rows, key=lambda r: (-(r["busy_mean"] or 0.0), r["pid"]))
 
     def _task(self, name: str, ns: int) -> None:
         tasks = self.task_cpu
@@ -328,6 +353,8 @@ class LoopStats:
         self.runqueue_cpu_ns += other.runqueue_cpu_ns
         for name, ns in other.task_cpu.items():
             self._task(name, ns)
+        for pid, sums in other.per_process.items():
+            self._process(pid, sums)
 
     def ms(self, name: str) -> float:
         """One of :attr:`SUMS` in ms."""
@@ -371,6 +398,9 @@ class LoopStats:
                                "share": self.runqueue_ns / self.runqueue_wall_ns}  # fmt: skip
         if self.task_cpu:  # only where named: older reports keep their form
             out["background_tasks"] = [{"task": name, "cpu_ms": ms} for name, ms in self.tasks()]
+        by_process = self.processes()
+        if by_process:  # only with several processes: one process's report keeps its form
+            out["by_process"] = by_process
         if self.profile is not None:  # only then: reports without profiles keep their form
             ms, hot, tree, reason = self.profile
             out["profile"] = {"sampled_ms": ms, "hot": hot, "tree": tree, "reason": reason}
