@@ -25,6 +25,7 @@ SELECTED = {
     "serialized-model-calls": "serialized-model-calls:model",
     "sequential-independent": "sequential-independent:guardrail",
     "gc-pauses": "gc-pauses",
+    "loop-saturated": "loop-saturated",
 }
 
 

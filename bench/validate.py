@@ -25,6 +25,10 @@ next to the measured one. The cases (rule: defect → the fix the report propose
 - ``gc-pauses``: start-up keeps 300,000 objects and each request leaves 1,000 in a bounded
   cache, so full collections walk the start-up heap (~40 ms) → ``gc.collect(); gc.freeze()``
   at the end of the lifespan start-up.
+- ``loop-saturated``: three pure-Python stages of ~3 ms each a request (no one of them
+  long enough for ``cpu-on-loop``) and a model server that keeps up, at loads that fill the
+  loop (its own loads: closed 8 and 16, open 70/s) → the worker processes the report names
+  (``uvicorn --workers N``, both writing the same trace file).
 
 The table: projected p50 / p95 after the fix (with the replay's range), both rescaled to the
 measured BEFORE (``measured before × projected after / projected before``: the replay
@@ -76,6 +80,7 @@ class Case:
     fix: str  # the fix applied, as the report words it (checked against the finding's code)
     open_rate: float  # Poisson arrivals per second: below the defective gateway's capacity
     model_args: tuple[str, ...] = ("--prefill-ms", "20", "--decode-ms", "2")
+    loads: str | None = None  # the case's own --loads default (where 2 clients fill nothing)
 
 
 CASES = {
@@ -86,7 +91,11 @@ CASES = {
     ),
     "sequential-independent": Case("sequential-independent", "guardrail", "create_task", 30),
     "gc-pauses": Case("gc-pauses", "", "gc.freeze()", 30),
+    # A model server that keeps up (2 ms prefills, which it runs one at a time): the loop fills.
+    "loop-saturated": Case("loop-saturated", "", "--workers", 70, ("--prefill-ms", "2", "--decode-ms", "1"),
+                           loads="closed:8,closed:16,open"),
 }
+SLICE_MS = 3.0  # loop-saturated: each of its three stages' CPU a request
 HEAP_OBJECTS = 200_000  # gc-pauses: what start-up keeps (a full collection walks it)
 KEPT_PER_REQUEST = 2_000  # ... and what each request leaves in a bounded cache
 MAX_TOKENS = 8  # the model call: prefill + 8 decodes
@@ -136,6 +145,18 @@ def make_app(case: str, fixed: bool, model_url: str) -> Any:
             r = sync_client.post("/v1/chat/completions", json=lookup_body)  # the defect
         return r.status_code
 
+    @tracekit.stage("parse")
+    def parse(text: str) -> int:  # loop-saturated: short CPU steps, none of them long
+        return _busy(text)
+
+    @tracekit.stage("policy", kind="guardrail")
+    def policy(text: str) -> int:
+        return _busy(text)
+
+    @tracekit.stage("render", kind="serialize")
+    def render(text: str) -> int:
+        return _busy(text)
+
     @tracekit.stage("guardrail")
     async def moderate() -> bool:  # an input guardrail that asks a moderation model
         r = await client.post("/v1/chat/completions", json={**body, "max_tokens": 1})
@@ -166,6 +187,12 @@ def make_app(case: str, fixed: bool, model_url: str) -> Any:
             kept.extend([i] for i in range(KEPT_PER_REQUEST))
         if case == "blocking-call-on-loop":
             out["lookup"] = await lookup()
+        if case == "loop-saturated":  # the fix is more processes, not a change here
+            out["parsed"] = parse(prompt)
+            out["policy"] = policy(prompt)
+            out["reply"] = await complete()
+            out["rendered"] = render(prompt)
+            return out
         if case == "sequential-independent":
             if fixed:  # start the model call beside the guardrail; cancel it on a rejection
                 task = asyncio.create_task(complete())
@@ -187,6 +214,22 @@ def make_app(case: str, fixed: bool, model_url: str) -> Any:
     tracekit.configure(service_name=f"validate-{case}")
     app.add_middleware(tracekit.TracekitMiddleware)
     return app
+
+
+def _busy(text: str) -> int:
+    # ~SLICE_MS of pure-Python CPU, as guardrails and request parsing spend it.
+    end = time.thread_time() + SLICE_MS / 1000
+    n = 0
+    while time.thread_time() < end:
+        n += sum(map(ord, text[:64])) & 1
+    return n
+
+
+def served_app() -> Any:
+    """The gateway of the case the environment names: what each worker process imports
+    (``uvicorn --workers`` needs an import string, not an app)."""
+    return make_app(os.environ["VALIDATE_CASE"], os.environ.get("VALIDATE_FIXED") == "1",
+                    os.environ["VALIDATE_MODEL_URL"])  # fmt: skip
 
 
 def _train_tokenizer() -> Any:
@@ -279,8 +322,10 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
     return {"p50": cuts[49], "p95": cuts[94]}
 
 
-def record(case: str, fixed: bool, load: tuple[str, float], requests: int, folder: Path) -> dict[str, Any]:
-    """Serve ``case`` (fixed or not) under ``load``; the trace file and the run's facts."""
+def record(case: str, fixed: bool, load: tuple[str, float], requests: int, folder: Path,
+           workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Serve ``case`` (fixed or not, by ``workers`` processes) under ``load``; the trace file
+    and the run's facts."""
     name = CASES[case]
     tag = f"{case}-{load[0]}{load[1]:g}-{'after' if fixed else 'before'}"
     traces = folder / f"{tag}.jsonl"
@@ -294,7 +339,7 @@ def record(case: str, fixed: bool, load: tuple[str, float], requests: int, folde
     gateway_env = {**base_env, "OTEL_TRACES_EXPORTER": f"jsonl:{traces}"}
     gateway = None
     try:
-        gateway = start([__file__, "--serve", case, "--port", str(port),
+        gateway = start([__file__, "--serve", case, "--port", str(port), "--workers", str(workers),
                           "--model-port", str(model_port), *(["--fixed"] if fixed else [])],
                          gateway_env)  # fmt: skip
         wait_ready(model_port, model)
@@ -347,7 +392,10 @@ def evaluate(case_name: str, load: tuple[str, float], requests: int, folder: Pat
     before = record(case_name, False, load, requests, folder)
     report = _cli("analyze", before["traces"], "--route", ROUTE)
     finding = _finding(report, case)
-    after = record(case_name, True, load, requests, folder)
+    # More workers: as many as the report names (one when there is no finding to read).
+    named = re.search(r"--workers (\d+)", json.dumps((finding or {}).get("fix", {})))
+    workers = int(named[1]) if case.fix == "--workers" and named else 1
+    after = record(case_name, True, load, requests, folder, workers)
     row: dict[str, Any] = {
         "rule": case.rule, "load": load[0], "value": load[1], "requests": requests,
         "before_run": before, "after_run": after,
@@ -501,8 +549,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated rule ids")
-    parser.add_argument("--loads", default="closed:2,closed:6,open",
-                        help="closed:C and open[:RATE] (default rate: the case's)")  # fmt: skip
+    parser.add_argument("--loads", help="closed:C and open[:RATE] (default rate: the case's; "
+                        "default loads: closed:2,closed:6,open, loop-saturated's own)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=240, help="per run")
     parser.add_argument("--quick", action="store_true", help="smoke run: one closed load, 40 requests")
     parser.add_argument("--cores", type=int, help="passed to tracekit analyze and compare")
@@ -514,12 +562,15 @@ def main() -> None:
     parser.add_argument("--fixed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         import uvicorn
 
-        app = make_app(args.serve, args.fixed, f"http://127.0.0.1:{args.model_port}")
-        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+        os.environ.update(VALIDATE_CASE=args.serve, VALIDATE_FIXED="1" if args.fixed else "0",
+                          VALIDATE_MODEL_URL=f"http://127.0.0.1:{args.model_port}")  # fmt: skip
+        uvicorn.run("validate:served_app", factory=True, app_dir=os.path.dirname(__file__),
+                    workers=args.workers, host="127.0.0.1", port=args.port, log_level="warning")  # fmt: skip
         return
     if args.table_from:
         rows = json.loads(Path(args.table_from).read_text())
@@ -530,7 +581,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown case {unknown[0]!r}; expected some of {', '.join(CASES)}")
     if args.quick:
-        args.loads, args.requests = "closed:4", 40
+        args.loads, args.requests = args.loads or "closed:4", 40
     if args.cores:
         CORES.extend(["--cores", str(args.cores)])
     rows = []
@@ -538,7 +589,7 @@ def main() -> None:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for case in cases:
-            for spec in args.loads.split(","):
+            for spec in (args.loads or CASES[case].loads or "closed:2,closed:6,open").split(","):
                 kind, _, value = spec.partition(":")
                 if kind not in ("closed", "open"):
                     parser.error(f"--loads: {spec!r} is not closed:C or open[:RATE]")

@@ -38,7 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracekit import semconv
 from tracekit._percentile import percentile
+from tracekit.analysis.assembly.request_records import ms_value
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.host import quantile_range
 from tracekit.analysis.replay.sim import fair_rates
@@ -212,9 +214,10 @@ def utilisation_factor(rho: float, rho_after: float) -> float:
 def queueing_projection(
     requests: Sequence[RequestRecord], route: str, factor: float, *, minus_ms: str | None = None
 ) -> dict[str, Any] | None:
-    """Before and after of ``route``'s requests when each one's recorded loop wait is scaled
-    by ``factor`` (and, with ``minus_ms``, the request-span attribute of that name, such as
-    ``tracekit.gc_ms``, is taken off its latency).
+    """Before and after of ``route``'s requests when each one's recorded loop wait, and its
+    queue wait, are scaled by ``factor`` (and, with ``minus_ms``, the request-span attribute
+    of that name, such as ``tracekit.gc_ms``, is taken off its latency); the range reaches
+    the queue waits kept as they were.
 
     Returns:
         ``{"route": route, "p50_ms": [before, after], "p95_ms": [...], "throughput_rps":
@@ -224,7 +227,7 @@ def queueing_projection(
     reqs = [r for r in requests if r.route == route and r.instrumented]
     if not reqs:
         return None
-    before, after = [], []
+    before, after, kept = [], [], []
     for r in reqs:
         wall = r.wall_ms
         cut = (r.loop_wait_ms or 0.0) * (1.0 - factor)
@@ -233,21 +236,35 @@ def queueing_projection(
             if (type(value) is float or type(value) is int) and value > 0:
                 cut += float(value)
         before.append(wall)
-        after.append(max(0.0, wall - cut))
+        after.append(max(0.0, wall - cut - queue_wait_ms(r) * (1.0 - factor)))
+        kept.append(max(0.0, wall - cut))
     span_s = (max(r.end_ns for r in reqs) - min(r.start_ns for r in reqs)) / 1e9
     rps = len(reqs) / span_s if span_s > 0 else 0.0
     # The after's range: the percentiles' sampling error (the before is measured, so there is
-    # no replay residual to carry); the model statement: this module's docstring.
-    p50, p95 = quantile_range(after, 0.5), quantile_range(after, 0.95)
+    # no replay residual to carry), out to the queue waits kept; the model statement: this
+    # module's docstring.
     return {
         "route": route,
         "p50_ms": [percentile(before, 0.5), percentile(after, 0.5)],
         "p95_ms": [percentile(before, 0.95), percentile(after, 0.95)],
         "throughput_rps": [rps, rps],
-        "range": {"p50_ms": list(p50), "p95_ms": list(p95), "throughput_rps": [rps, rps]},
+        "range": {"p50_ms": _spanning(after, kept, 0.5), "p95_ms": _spanning(after, kept, 0.95),
+                  "throughput_rps": [rps, rps]},
         "model": {"method": "queueing", "arrivals": "open", "rate_rps": round(rps, 3),
-                  "cores": 1, "cores_source": "one per worker process"},  # fmt: skip
-    }
+                  "cores": 1, "cores_source": "one per worker process"},
+    }  # fmt: skip
+
+
+def queue_wait_ms(req: RequestRecord) -> float:
+    """The request's recorded queue wait (``tracekit.queue_wait_ms``: locks, pools), 0 if none."""
+    return ms_value(req.attributes.get(semconv.QUEUE_WAIT_MS)) or 0.0
+
+
+def _spanning(central: Sequence[float], far: Sequence[float], q: float) -> list[float]:
+    # A quantile's range over two projections: both ends' sampling intervals together.
+    low, high = quantile_range(central, q)
+    far_low, far_high = quantile_range(far, q)
+    return [min(low, far_low), max(high, far_high)]
 
 
 def closed_loop_projection(
@@ -278,7 +295,10 @@ def closed_loop_projection(
     span_ms = (max(r.end_ns for r in reqs) - min(r.start_ns for r in reqs)) / _NS
     share = min(max(share, 0.05), 1.0)
     own = {id(r): sum(u.cpu_ms for u in loop_usage(r).values()) for r in reqs}
-    waited = sum(r.loop_wait_ms or 0.0 for r in reqs) / len(reqs)
+    # A saturated loop's waits: for the loop, and on locks and pools whose holders waited for
+    # it (both fell with more workers in every measured case; the range keeps queue waits).
+    waits = {id(r): (r.loop_wait_ms or 0.0) + queue_wait_ms(r) for r in reqs}
+    waited = sum(waits.values()) / len(reqs)
     cpu = sum(own.values()) / len(reqs)
     held = cpu / share + waited  # a request's time on the loop, its CPU stretched by the host
     demand = load.cpu_ms / max(1, len(load.requests))  # all the loop's CPU, per request
@@ -294,29 +314,24 @@ def closed_loop_projection(
     shares = sorted({share, min(share, crowded)}, reverse=True)
     befores = [r.wall_ms for r in mine]
     outcomes = []
-    for worker_share in shares:
+    for worker_share, queues_fall in ((shares[0], True), (shares[-1], False)):
         after_held = calibration * _residence(clients / workers, demand / worker_share, outside)
         stretched = cpu / worker_share
         scale = max(0.0, after_held - stretched) / waited if waited > 0 else 1.0
         afters = [
             max(0.0, r.wall_ms + own[id(r)] * (1 / worker_share - 1 / share)
-                - (r.loop_wait_ms or 0.0) * (1.0 - scale))
+                - ((r.loop_wait_ms or 0.0) + (queue_wait_ms(r) if queues_fall else 0.0)) * (1.0 - scale))
             for r in mine
         ]  # fmt: skip
         outcomes.append((afters, (outside + held) / (outside + after_held)))
     rps = len(mine) / span_ms * 1e3
-    (central, speedup), (far, far_speedup) = outcomes[0], outcomes[-1]
-    ranges = {
-        q: (min(quantile_range(central, q)[0], quantile_range(far, q)[0]),
-            max(quantile_range(central, q)[1], quantile_range(far, q)[1]))
-        for q in (0.5, 0.95)
-    }  # fmt: skip
+    (central, speedup), (far, far_speedup) = outcomes
     return {
         "route": route,
         "p50_ms": [percentile(befores, 0.5), percentile(central, 0.5)],
         "p95_ms": [percentile(befores, 0.95), percentile(central, 0.95)],
         "throughput_rps": [rps, rps * speedup],
-        "range": {"p50_ms": list(ranges[0.5]), "p95_ms": list(ranges[0.95]),
+        "range": {"p50_ms": _spanning(central, far, 0.5), "p95_ms": _spanning(central, far, 0.95),
                   "throughput_rps": sorted([rps * far_speedup, rps * speedup])},
         "model": {"method": "queueing", "arrivals": "closed", "clients": clients,
                   "workers": workers, "cores": cores, "host_others": round(others, 2),
