@@ -24,10 +24,10 @@ from tracekit.analysis.api import analyze_spans
 from tracekit.analysis.model import RequestRecord, Span
 from tracekit.analysis.pipeline import Pipeline, Settings
 from tracekit.analysis.replay import Replayer
-from tracekit.analysis.replay.sim import lone_rate
+from tracekit.analysis.replay.sim import fair_rates, lone_rate
 from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, Rule, run_rules
 from tracekit.analysis.rules.findings import RuleContext
-from tracekit.analysis.rules.loop_load import _residence, utilisation_factor
+from tracekit.analysis.rules.loop_load import _residence, queueing_projection, utilisation_factor
 from tracekit.analysis.rules.loop_saturated import TARGET_BUSY
 from tracekit.analysis.stats.loop_windows import LoopWindows
 from tracekit.render.text import render_text
@@ -539,3 +539,26 @@ def test_saturation_from_a_blocking_call_is_blocking_call_on_loops_finding() -> 
             s.attributes.update({semconv.MAX_BLOCK_MS: 0.9, semconv.LOOP_SLICES_US: [0, 300]})
     (f,) = [f for f in analyze_spans(spans).findings if f.rule == "loop-saturated"]
     assert "in short slices (no stage's longest slice reached 5.0 ms)" in f.evidence
+
+
+def test_the_queueing_model_scales_queue_waits_with_loop_waits_and_its_range_keeps_them() -> None:
+    # A saturated loop's lock and pool waits are its holders' waits for the loop: in every
+    # measured case they fell with more workers (bench/validate.py's loop-saturated rows).
+    reqs = [request(ROUTE, i * 10.0, i * 10.0 + 100.0, loop_wait_ms=40.0,
+                    attributes={semconv.QUEUE_WAIT_MS: 20.0}) for i in range(100)]  # fmt: skip
+    p = queueing_projection(reqs, ROUTE, 0.25)
+    assert p is not None
+    assert p["p50_ms"] == pytest.approx([100.0, 100.0 - 60.0 * 0.75])  # both waits to a quarter
+    low, high = p["range"]["p50_ms"]
+    assert low <= 55.0 and high == pytest.approx(100.0 - 40.0 * 0.75)  # queue waits kept
+
+
+def test_more_workers_on_a_small_host_may_share_its_cores_with_what_else_runs_there() -> None:
+    # The loop's wait for a CPU sees its own core only: on 2 cores the far end of the range
+    # takes the other core as busy (a load generator, a model server): 0.74 of a CPU each.
+    spans = _saturated()
+    report = analyze_spans(spans)
+    (f,) = [f for f in report.findings if f.rule == "loop-saturated"]
+    low, high = f.projection["model"]["worker_cpu_share"]
+    assert high == 1.0 and low == pytest.approx(fair_rates(2, 1, 1, 1.0)[0], abs=1e-3) and low < 0.75
+    assert f.projection["range"]["p50_ms"][1] > f.projection["p50_ms"][1]

@@ -27,8 +27,13 @@ service is then a closed queueing network solved by exact mean value analysis: t
 station (its CPU per request over the CPU share the loop thread got), the rest of each
 client's cycle a delay, calibrated on the recorded time on the loop; ``N / W`` clients per
 worker; each worker at the loop's share of a CPU (the point) or at what it gets beside every
-other worker and the host's other threads (the range's far end). docs/analyzer-rules.md, "The
-queueing model", has the details and a measured check.
+other worker and the host's other cores busy (the range's far end). docs/analyzer-rules.md,
+"The queueing model", has the details and measured checks.
+
+**Queue waits** (``tracekit.queue_wait_ms``: locks, pools) scale with the loop waits in both
+models: on a saturated loop their holders waited for the loop, and they fell with more workers
+in every measured case (``bench/validate.py``'s loop-saturated case); the range reaches them
+kept.
 """
 
 from __future__ import annotations
@@ -309,8 +314,11 @@ def closed_loop_projection(
     before_model = _residence(clients / load.processes, demand / share, outside)
     calibration = held / before_model if before_model > 0 else 1.0
     # The shares a worker gets: what the loop got (a core each, where free), or less with
-    # every other worker runnable beside the host's other threads.
-    crowded = fair_rates(cores, 1, workers - 1, others)[0]
+    # every other worker runnable beside the host's other threads. The loop's wait for a CPU
+    # measured those on its own core only: the other cores may have been busy (a load
+    # generator, the model server, which work harder when the gateway gets faster) without
+    # delaying it, so the far end takes them as busy as they can have been.
+    crowded = fair_rates(cores, 1, workers - 1, max(others, cores - 1.0))[0]
     shares = sorted({share, min(share, crowded)}, reverse=True)
     befores = [r.wall_ms for r in mine]
     outcomes = []
