@@ -26,7 +26,12 @@ from typing import Any
 
 from msgspec import Struct, field
 
-from tracekit.semconv import AFTER_RESPONSE_CPU_MS, AFTER_RESPONSE_CPU_OFF_LOOP_MS, CPU_OFF_LOOP_MS
+from tracekit.semconv import (
+    AFTER_RESPONSE_CPU_MS,
+    AFTER_RESPONSE_CPU_OFF_LOOP_MS,
+    CPU_OFF_LOOP_MS,
+    QUEUE_WAIT_MS,
+)
 
 #: Span kinds, normalised from OTLP integers (1..5) and Jaeger's ``span.kind`` tag.
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -239,6 +244,11 @@ def after_response_cpu(req: RequestRecord) -> tuple[float, float]:
     total = _duration(req.attributes, AFTER_RESPONSE_CPU_MS) or 0.0
     off = min(total, _duration(req.attributes, AFTER_RESPONSE_CPU_OFF_LOOP_MS) or 0.0)
     return total - off, off
+
+
+def queue_wait_ms(req: RequestRecord) -> float:
+    """The request's time waiting on locks and pools (``tracekit.queue_wait_ms``), 0 if none."""
+    return _duration(req.attributes, QUEUE_WAIT_MS) or 0.0
 
 
 def after_response(req: RequestRecord, stage: StageRecord) -> bool:

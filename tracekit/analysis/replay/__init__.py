@@ -31,9 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit import semconv
 from tracekit._percentile import percentile
-from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.model import RequestRecord, queue_wait_ms
 from tracekit.analysis.replay.build import ProgramBuilder
 from tracekit.analysis.replay.fixes import (
     FIX_ACTIONS,
@@ -384,7 +383,7 @@ class Replayer:
         """What would let the replay project ``route`` (its error's sign says which way)."""
         model = self.statement(route) or {}
         reqs = [r for r in self._reqs if r.route == route]
-        queued = sum(_queue_wait(r) for r in reqs) / max(1, len(reqs))
+        queued = sum(queue_wait_ms(r) for r in reqs) / max(1, len(reqs))
         hints = []
         if model.get("cores_source") == FROM_MACHINE:
             hints.append(
@@ -505,11 +504,6 @@ class Replayer:
             builder = ProgramBuilder(req, 0, None, calls, memo, host.cpu_wait)
             program = self._programs[key] = builder.program()
         return program
-
-
-def _queue_wait(req: RequestRecord) -> float:
-    value = req.attributes.get(semconv.QUEUE_WAIT_MS)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def window(reqs: Sequence[RequestRecord], config: ReplayConfig) -> int:

@@ -43,10 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit import semconv
 from tracekit._percentile import percentile
-from tracekit.analysis.assembly.request_records import ms_value
-from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.model import RequestRecord, queue_wait_ms
 from tracekit.analysis.replay.host import quantile_range
 from tracekit.analysis.replay.sim import fair_rates
 from tracekit.analysis.rules.findings import RuleContext
@@ -260,11 +258,6 @@ def queueing_projection(
     }  # fmt: skip
 
 
-def queue_wait_ms(req: RequestRecord) -> float:
-    """The request's recorded queue wait (``tracekit.queue_wait_ms``: locks, pools), 0 if none."""
-    return ms_value(req.attributes.get(semconv.QUEUE_WAIT_MS)) or 0.0
-
-
 def _spanning(central: Sequence[float], far: Sequence[float], q: float) -> list[float]:
     # A quantile's range over two projections: both ends' sampling intervals together.
     low, high = quantile_range(central, q)
@@ -328,7 +321,7 @@ def closed_loop_projection(
         scale = max(0.0, after_held - stretched) / waited if waited > 0 else 1.0
         afters = [
             max(0.0, r.wall_ms + own[id(r)] * (1 / worker_share - 1 / share)
-                - ((r.loop_wait_ms or 0.0) + (queue_wait_ms(r) if queues_fall else 0.0)) * (1.0 - scale))
+                - (waits[id(r)] if queues_fall else r.loop_wait_ms or 0.0) * (1.0 - scale))
             for r in mine
         ]  # fmt: skip
         outcomes.append((afters, (outside + held) / (outside + after_held)))
