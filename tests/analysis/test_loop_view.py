@@ -133,6 +133,8 @@ def test_each_worker_process_has_its_busy_share() -> None:
     ]
     said = " ".join(render_text(analyze_spans(spans).to_dict(), width=100, color=False).split())
     assert "by process pid 4102 busy 80% (3 windows) · pid 4101 busy 17% (3 windows)" in said
+    html = analyze_spans(spans).to_html()
+    assert "by process: pid 4102 busy 80% (3 windows) · pid 4101 busy 17% (3 windows)" in html
     # The parallel reader's halves merge to the same.
     halves = [Pipeline(Settings()), Pipeline(Settings())]
     for part, pipeline in zip((spans[::2], spans[1::2]), halves, strict=True):

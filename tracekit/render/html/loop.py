@@ -34,7 +34,7 @@ def loop_section(loop: object) -> str:
             "<th>max</th><th>tasks</th></tr>")  # fmt: skip
     rows = [_row(one) for one in items(loop.get("loops"))]
     profiles = "".join(_profile(one) for one in items(loop.get("loops")))
-    tasks = "".join(_tasks(one) + _cpu_wait(one) for one in items(loop.get("loops")))
+    tasks = "".join(_tasks(one) + _cpu_wait(one) + _by_process(one) for one in items(loop.get("loops")))
     routes = "".join(
         f'<li><span class="route">{esc(clip(r.get("route"), 200))}</span>: '
         f"{fmt_pct(r.get('loop_cpu_share'))} of {esc(clip(r.get('service'), 80))}'s loop CPU "
@@ -62,6 +62,19 @@ def _cpu_wait(one: Mapping[str, Any]) -> str:
     where = f"{esc(clip(one.get('service'), 80))} / {esc(clip(one.get('thread'), 80))}"
     return (f'<p class="note">{where}: waited for a CPU {fmt_ms(waited.get("ms"))} ms '
             f"({fmt_pct(share)} of the time){short}</p>")  # fmt: skip
+
+
+def _by_process(one: Mapping[str, Any]) -> str:
+    # Worker processes share a loop's row: each one's busy share, as the text report says it.
+    shares = " · ".join(
+        f"pid {esc(str(p.get('pid')))} busy {fmt_pct(p.get('busy_mean'))} "
+        f"({fmt_int(p.get('windows'))} windows)"
+        for p in items(one.get("by_process"))
+    )
+    if not shares:
+        return ""
+    return (f'<p class="note">{esc(clip(one.get("service"), 80))} / {esc(clip(one.get("thread"), 80))}: '
+            f"by process: {shares}</p>")  # fmt: skip
 
 
 def _tasks(one: Mapping[str, Any]) -> str:
