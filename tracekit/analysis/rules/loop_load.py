@@ -267,7 +267,7 @@ def _spanning(central: Sequence[float], far: Sequence[float], q: float) -> list[
 
 def closed_loop_projection(
     load: LoopLoad, route: str, *, clients: int, workers: int, cores: int, others: float,
-    share: float,
+    share: float, cores_free: bool = False,
 ) -> dict[str, Any] | None:  # fmt: skip
     """``route``'s before and after when a closed loop of ``clients`` is served by
     ``workers`` processes instead of ``load.processes`` (the module docstring, "Closed
@@ -281,6 +281,8 @@ def closed_loop_projection(
         cores / others: the gateway host's cores and its other runnable threads on average
             (:class:`~tracekit.analysis.replay.host.Host`).
         share: the share of a CPU the loop thread got while ready to run (1: not measured).
+        cores_free: ``cores`` are the ones free for the gateway (``--cores``): the other
+            threads are ``others`` at the far end too.
 
     Returns:
         The projection (as :func:`queueing_projection`'s), or ``None`` without instrumented
@@ -311,7 +313,7 @@ def closed_loop_projection(
     # measured those on its own core only: the other cores may have been busy (a load
     # generator, the model server, which work harder when the gateway gets faster) without
     # delaying it, so the far end takes them as busy as they can have been.
-    crowded = fair_rates(cores, 1, workers - 1, max(others, cores - 1.0))[0]
+    crowded = fair_rates(cores, 1, workers - 1, others if cores_free else max(others, cores - 1.0))[0]
     shares = sorted({share, min(share, crowded)}, reverse=True)
     befores = [r.wall_ms for r in mine]
     outcomes = []

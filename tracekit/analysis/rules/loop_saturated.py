@@ -35,6 +35,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.assembly.request_records import ms_value
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay import Fix
+from tracekit.analysis.replay.host import FROM_OPTION
 from tracekit.analysis.rules import loop_fixes
 from tracekit.analysis.rules.blocking_call_on_loop import BlockingCallOnLoop
 from tracekit.analysis.rules.common import LoopIndex, by_route, ms, name_of, p50_latency
@@ -266,6 +267,7 @@ class LoopSaturated:
                 load, victim, clients=int(model["clients"]), workers=workers,
                 cores=int(model["cores"]), others=float(model.get("host_others") or 0.0),
                 share=float(share) if isinstance(share, (int, float)) else 1.0,
+                cores_free=model.get("cores_source") == FROM_OPTION,
             )  # fmt: skip
         return queueing_projection(requests, victim, factor)
 
