@@ -564,3 +564,14 @@ def test_more_workers_on_a_small_host_may_share_its_cores_with_what_else_runs_th
     low, high = f.projection["model"]["worker_cpu_share"]
     assert high == 1.0 and low == pytest.approx(fair_rates(2, 1, 1, 1.0)[0], abs=1e-3) and low < 0.75
     assert f.projection["range"]["p50_ms"][1] > f.projection["p50_ms"][1]
+
+
+def test_with_the_cores_given_the_far_end_keeps_the_other_threads_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --cores N: the N cores were free for the gateway, so the far end does not take the
+    # other cores as busy.
+    statement = {"arrivals": "closed", "clients": 7, "cores": 2, "cores_source": "--cores"}
+    monkeypatch.setattr(Replayer, "statement", lambda self, route: statement)
+    (f,) = [f for f in analyze_spans(_saturated()).findings if f.rule == "loop-saturated"]
+    assert f.projection["model"]["worker_cpu_share"] == [1.0, 1.0]
