@@ -29,6 +29,7 @@ from tracekit.analysis.rules import BlockingCallOnLoop, CpuOnLoop, Rule, run_rul
 from tracekit.analysis.rules.findings import RuleContext
 from tracekit.analysis.rules.loop_load import _residence, queueing_projection, utilisation_factor
 from tracekit.analysis.rules.loop_saturated import TARGET_BUSY
+from tracekit.analysis.stats.aggregate import Aggregator
 from tracekit.analysis.stats.loop_windows import LoopWindows
 from tracekit.render.text import render_text
 
@@ -136,13 +137,18 @@ def test_each_worker_process_has_its_busy_share() -> None:
     html = analyze_spans(spans).to_html()
     assert "by process: pid 4102 busy 80% (3 windows) · pid 4101 busy 17% (3 windows)" in html
     # The parallel reader's halves merge to the same.
+    assert _merged_halves(spans).loops.to_dict()["loops"][0]["by_process"] == one["by_process"]
+
+
+def _merged_halves(spans: list[Span]) -> Aggregator:
+    # As the parallel reader does: each byte range's aggregator, pickled to the parent, merged.
     halves = [Pipeline(Settings()), Pipeline(Settings())]
     for part, pipeline in zip((spans[::2], spans[1::2]), halves, strict=True):
         pipeline.add(part)
         pipeline.finish()
     merged = pickle.loads(pickle.dumps(halves[0].aggregator))
     merged.merge(pickle.loads(pickle.dumps(halves[1].aggregator)))
-    assert merged.loops.to_dict()["loops"][0]["by_process"] == one["by_process"]
+    return merged
 
 
 def test_loop_windows_merge_exactly_as_the_parallel_reader_merges_them() -> None:
@@ -154,12 +160,7 @@ def test_loop_windows_merge_exactly_as_the_parallel_reader_merges_them() -> None
     one = Pipeline(Settings())
     one.add(spans)
     one.finish()
-    halves = [Pipeline(Settings()), Pipeline(Settings())]
-    for part, pipeline in zip((spans[::2], spans[1::2]), halves, strict=True):
-        pipeline.add(part)
-        pipeline.finish()
-    merged = pickle.loads(pickle.dumps(halves[0].aggregator))
-    merged.merge(pickle.loads(pickle.dumps(halves[1].aggregator)))
+    merged = _merged_halves(spans)
     assert merged.loops.to_dict() == one.aggregator.loops.to_dict()
     assert [w.key for w in merged.loops.windows()] == [w.key for w in one.aggregator.loops.windows()]
 

@@ -59,9 +59,8 @@ def _cpu_wait(one: Mapping[str, Any]) -> str:
         return ""
     short = (": the host is short of CPU, and this time is inside the steps' and waits' wall "
              "time (not the application's doing)" if share >= HOST_SHORT_SHARE else "")  # fmt: skip
-    where = f"{esc(clip(one.get('service'), 80))} / {esc(clip(one.get('thread'), 80))}"
-    return (f'<p class="note">{where}: waited for a CPU {fmt_ms(waited.get("ms"))} ms '
-            f"({fmt_pct(share)} of the time){short}</p>")  # fmt: skip
+    return _note(one, f"waited for a CPU {fmt_ms(waited.get('ms'))} ms ({fmt_pct(share)} of the "
+                      f"time){short}")  # fmt: skip
 
 
 def _by_process(one: Mapping[str, Any]) -> str:
@@ -71,10 +70,7 @@ def _by_process(one: Mapping[str, Any]) -> str:
         f"({fmt_int(p.get('windows'))} windows)"
         for p in items(one.get("by_process"))
     )
-    if not shares:
-        return ""
-    return (f'<p class="note">{esc(clip(one.get("service"), 80))} / {esc(clip(one.get("thread"), 80))}: '
-            f"by process: {shares}</p>")  # fmt: skip
+    return _note(one, f"by process: {shares}") if shares else ""
 
 
 def _tasks(one: Mapping[str, Any]) -> str:
@@ -83,10 +79,13 @@ def _tasks(one: Mapping[str, Any]) -> str:
         f'<span class="route">{esc(clip(t.get("task"), 200))}</span> {fmt_ms(t.get("cpu_ms"))} ms'
         for t in items(one.get("background_tasks"))
     )
-    if not named:
-        return ""
-    return (f'<p class="note">{esc(clip(one.get("service"), 80))} / {esc(clip(one.get("thread"), 80))}: '
-            f"background tasks of no request, by CPU: {named}</p>")  # fmt: skip
+    return _note(one, f"background tasks of no request, by CPU: {named}") if named else ""
+
+
+def _note(one: Mapping[str, Any], html: str) -> str:
+    # A line about one loop, named as its table row names it.
+    return (f'<p class="note">{esc(clip(one.get("service"), 80))} / '
+            f"{esc(clip(one.get('thread'), 80))}: {html}</p>")  # fmt: skip
 
 
 def _row(one: Mapping[str, Any]) -> str:
