@@ -115,12 +115,13 @@ def test_a_saturated_gateway_is_loop_saturated(saturated: tuple[Report, list[Any
     assert "--workers" in f.fix_code
     # The load generator shares the 2 cores: where the loop thread waited for a CPU 10% of
     # the time or more, more workers get no projection (the queueing model gives each a core).
-    short = "the host is short of CPU" in f.evidence
-    if short:
-        assert f.projection is None and f.projection_note is not None
+    # The note says why; the evidence says so only when the loop also read less than saturated
+    # (beside other tests' servers a saturated loop's host can be short too).
+    if f.projection is None:
+        assert f.projection_note is not None
         assert f.projection_note.startswith("more workers need free cores")
     else:
-        assert f.projection is not None and f.projection["p50_ms"][1] < f.projection["p50_ms"][0]
+        assert f.projection["p50_ms"][1] < f.projection["p50_ms"][0]
     for stage in ("guardrail", "tokenize", "render"):
         assert stage in f.evidence
 
