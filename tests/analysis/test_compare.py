@@ -18,6 +18,7 @@ from tracekit.analysis.compare import Comparison, compare
 from tracekit.analysis.model import Span
 from tracekit.analysis.stats import route_values
 from tracekit.analysis.stats.aggregate import OTHER_ROUTES
+from tracekit.analysis.stats.intervals import idle_stretches
 from tracekit.errors import ConfigurationError, SourceNotFoundError
 
 _ids = itertools.count(1)
@@ -228,7 +229,7 @@ def test_a_projection_for_another_route_is_checked_against_that_routes_change(
                   "range": {"p50_ms": [65.0, 75.0], "p95_ms": [95.0, 115.0]}}  # fmt: skip
     finding = Finding("cpu-on-loop", plain, "tokenize", None, "high", 30.0, "", "", "", projection)
 
-    def side(scale: float, seed: int) -> tuple[Any, dict[str, route_values.RouteValues]]:
+    def side(scale: float, seed: int) -> tuple[Any, dict[str, route_values.RouteValues], list[Any]]:
         rng = random.Random(seed)
         collector = route_values.RouteCollector()
         for i in range(400):
@@ -237,7 +238,7 @@ def test_a_projection_for_another_route_is_checked_against_that_routes_change(
             collector.add(factories.request(route, i * 10.0, i * 10.0 + wall))
         report = SimpleNamespace(findings=[finding] if scale == 1.0 else [], source=f"{seed}.jsonl",
                                  requests=400, warnings=[], sample=[])  # fmt: skip
-        return report, collector.routes
+        return report, collector.routes, collector.idle()
 
     sides = iter([side(1.0, 1), side(0.7, 2)])
     monkeypatch.setattr(comparing, "_measure", lambda *args: next(sides))
@@ -250,3 +251,32 @@ def test_a_projection_for_another_route_is_checked_against_that_routes_change(
     words = " ".join(result.to_text(width=80, color=False).split())
     assert f"projected for {stream}, whose requests waited for this stage" in words
     assert result.to_dict()["routes"][0]["projections"][0]["projected_route"] == stream
+
+
+def test_an_idle_stretch_is_left_out_of_the_throughput_and_said() -> None:
+    # A new user's AFTER run: a few warm-up requests, 3 s idle, then the load. Divided by the
+    # whole period, its throughput read 37.4 -> 31.8 req/s while the client saw +10%.
+    before = server_spans("POST /v1/chat", 600, seed=6)
+    load = server_spans("POST /v1/chat", 600, seed=7)
+    warm_up = [Span(s.trace_id, s.span_id, None, s.name, s.kind, s.start_ns - 3 * 10**9 - 10**9,
+                    s.end_ns - 3 * 10**9 - 10**9, s.service, s.attributes)
+               for s in server_spans("POST /v1/chat", 5, seed=8)]  # fmt: skip
+    result = compare(before, warm_up + load)
+    route = result.routes[0]
+    assert route.throughput.significant is False  # the same arrival rate once the pause is out
+    assert route.throughput.after == pytest.approx(route.throughput.before, rel=0.15)
+    d = result.to_dict()
+    assert d["before"]["idle_s"] == 0.0 and d["after"]["idle_s"] > 3.0
+    assert any("no request in flight" in w for w in result.after.warnings)
+    assert not any("no request in flight" in w for w in result.before.warnings)
+
+
+def test_a_slow_steady_load_keeps_its_gaps() -> None:
+    # One request every 2 s for a minute: its gaps are the load, not a pause.
+    spans = [Span(f"{i:032x}", f"{i:016x}", None, "GET /a", "server", T0 + i * 2 * 10**9,
+                  T0 + i * 2 * 10**9 + 50 * 10**6, "gateway",
+                  {semconv.HTTP_ROUTE: "/a", semconv.HTTP_REQUEST_METHOD: "GET"})
+             for i in range(1, 31)]  # fmt: skip
+    assert idle_stretches([(s.start_ns, s.end_ns) for s in spans]) == []
+    result = compare(spans, spans)
+    assert result.routes[0].throughput.before == pytest.approx(0.5, rel=0.05)

@@ -576,3 +576,17 @@ def test_with_the_cores_given_the_far_end_keeps_the_other_threads_measured(
     monkeypatch.setattr(Replayer, "statement", lambda self, route: statement)
     (f,) = [f for f in analyze_spans(_saturated()).findings if f.rule == "loop-saturated"]
     assert f.projection["model"]["worker_cpu_share"] == [1.0, 1.0]
+
+
+def test_a_saturated_loop_of_unstaged_handler_code_still_gets_more_workers() -> None:
+    # An unmodified proxy (a new user's LiteLLM): every request's CPU is the handler's own
+    # code. cpu-on-loop flags it (its fix: wrap parts in stages, which needs the proxy's
+    # source); the saturated loop's own fix, more workers, must still be said.
+    windows = _windows(4, requests=900.0, background=40.0, tracekit_cpu=10.0, lag=(8.0, 25.0, 60.0),
+                       probes=100, inflight=12)  # fmt: skip
+    traffic = [span for i in range(400)
+               for span in request_spans(i * 10.0, 50.0 + 10.0 * (i % 5), [], own_cpu=12.0,
+                                         loop_wait=20.0 * (i % 5))]  # fmt: skip
+    rules = {f.rule: f for f in analyze_spans([*windows, *traffic]).findings}
+    assert "loop-saturated" in rules and "--workers" in rules["loop-saturated"].fix_code
+    assert rules["cpu-on-loop"].stage is None  # the own code is still named, with its words

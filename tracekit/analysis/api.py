@@ -22,7 +22,7 @@ from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
-from tracekit.analysis.stats.intervals import merge
+from tracekit.analysis.stats.intervals import IDLE_GAP_NS, merge
 from tracekit.errors import ConfigurationError, TraceFormatError
 
 #: Distinct service names listed in a report (hostile input could have millions).
@@ -216,15 +216,11 @@ def _report(
     return report
 
 
-#: A stretch with no request in flight that is worth a warning: at least this long (ns) and
-#: half the recorded period (one warm-up request long before the load; steady traffic at a
-#: low rate has many short gaps, and its throughput is what it says).
-IDLE_GAP_NS = 1_000_000_000
-
-
 def _warn_idle(report: Report) -> None:
     # The throughput figures divide by the whole recorded period: one long idle stretch in
-    # it (a new user's warm-up request 3 s before a burst read 26 req/s for 119) is said.
+    # it (a new user's warm-up request 3 s before a burst read 26 req/s for 119) is said,
+    # when it is at least IDLE_GAP_NS and half the period (steady traffic at a low rate has
+    # many short gaps, and its throughput is what it says). compare leaves such stretches out.
     sample = report.sample
     if not sample or report.requests > len(sample):
         return  # the sample is the earliest requests only: the gaps after it are not known

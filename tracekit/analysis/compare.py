@@ -37,6 +37,7 @@ from tracekit.analysis.readers.jaeger_api import is_url
 from tracekit.analysis.report import Report
 from tracekit.analysis.rules.findings import Finding
 from tracekit.analysis.stats.confidence import Change, mean_change, quantile_change, rate_change
+from tracekit.analysis.stats.intervals import Interval
 from tracekit.analysis.stats.route_stats import BREAKDOWN_KEYS
 from tracekit.analysis.stats.route_values import RouteCollector, RouteValues
 from tracekit.errors import ConfigurationError, TraceFormatError, TracekitError
@@ -56,17 +57,20 @@ class Side:
 
     Attributes:
         source: what was read. requests: requests analysed. routes: their routes, busiest
-        first. warnings: what the reader skipped (the CLI prints them).
+        first. warnings: what the reader skipped (the CLI prints them). idle_s: the idle
+        stretches left out of its throughput (:func:`~tracekit.analysis.stats.intervals.idle_stretches`).
     """
 
     source: str
     requests: int
     routes: list[str]
     warnings: list[str] = field(default_factory=list)
+    idle_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The ``before`` / ``after`` object of ``tracekit.compare/1``."""
-        return {"source": self.source, "requests": self.requests, "routes": list(self.routes)}
+        return {"source": self.source, "requests": self.requests, "routes": list(self.routes),
+                "idle_s": self.idle_s}  # fmt: skip
 
 
 @dataclass
@@ -233,8 +237,8 @@ def compare(
             "--service, --lookback, --limit, --timeout, --max-response-mb) apply only to a "
             "Jaeger query URL, and neither run is one"
         )
-    b_report, b_values = _measure(before, "before", route, jaeger, cores)
-    a_report, a_values = _measure(after, "after", route, jaeger, cores)
+    b_report, b_values, b_idle = _measure(before, "before", route, jaeger, cores)
+    a_report, a_values, a_idle = _measure(after, "after", route, jaeger, cores)
     common = [name for name in b_values if name in a_values]
     if not common:
         raise ConfigurationError(
@@ -242,7 +246,8 @@ def compare(
             f"{_names(a_values)}"
         )
     found_after = {(f.rule, f.route, f.stage) for f in a_report.findings}
-    routes = [_route(name, b_values[name], a_values[name], seed, confidence, draws) for name in common]
+    routes = [_route(name, b_values[name], a_values[name], seed, confidence, draws, (b_idle, a_idle))
+              for name in common]  # fmt: skip
     measured: dict[str, dict[str, Change]] = {}
     for compared in routes:
         changes = measured[compared.route] = {"throughput_rps": compared.throughput}
@@ -278,8 +283,8 @@ def compare(
             f"{', '.join(labels) or 'none'}"
         )
     return Comparison(
-        before=_side(b_report, b_values),
-        after=_side(a_report, a_values),
+        before=_side(b_report, b_values, b_idle),
+        after=_side(a_report, a_values, a_idle),
         routes=routes,
         only_before=[n for n in b_values if n not in a_values],
         only_after=[n for n in a_values if n not in b_values],
@@ -325,7 +330,7 @@ def _stage_change(stage: str, b: RouteValues, a: RouteValues, confidence: float)
 
 def _measure(
     source: Any, side: str, route: str | None, jaeger: dict[str, Any], cores: int | None
-) -> tuple[Report, dict[str, RouteValues]]:
+) -> tuple[Report, dict[str, RouteValues], list[Interval]]:
     from tracekit.analysis.api import analyze
 
     collector = RouteCollector()
@@ -344,7 +349,7 @@ def _measure(
     if not collector.routes:
         raise ConfigurationError(f"{side}: {report.source} has no requests to compare")
     report.sample = []  # the replay's sample is not needed any more
-    return report, collector.routes
+    return report, collector.routes, collector.idle()
 
 
 def _is_report(source: Any) -> bool:
@@ -368,8 +373,18 @@ def _names(values: Mapping[str, Any]) -> str:
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _side(report: Report, values: Mapping[str, RouteValues]) -> Side:
-    return Side(report.source, report.requests, list(values), list(report.warnings))
+def _side(report: Report, values: Mapping[str, RouteValues], idle: list[Interval]) -> Side:
+    warnings = list(report.warnings)
+    idle_s = sum(b - a for a, b in idle) / 1e9
+    if idle:
+        # The report's throughput divides by them (it warns only when they are half the run):
+        # a warm-up seconds before the load read a throughput gain as a loss.
+        warnings.append(
+            f"{idle_s:.1f} s with no request in flight ({len(idle)} "
+            f"stretch{'es' if len(idle) > 1 else ''} of a second or more, ten times the typical "
+            "gap between requests: a warm-up, a pause) left out of its throughput"
+        )
+    return Side(report.source, report.requests, list(values), warnings, round(idle_s, 3))
 
 
 def _rng(seed: int, route: str, metric: str) -> random.Random:
@@ -378,8 +393,10 @@ def _rng(seed: int, route: str, metric: str) -> random.Random:
     return random.Random(f"{seed}\x00{route}\x00{metric}")
 
 
-def _throughput(before: RouteValues, after: RouteValues, confidence: float) -> Change:
-    return rate_change(before.rates(), after.rates(), (len(before.wall), len(after.wall)),
+def _throughput(
+    before: RouteValues, after: RouteValues, confidence: float, idle: tuple[list[Interval], list[Interval]]
+) -> Change:
+    return rate_change(before.rates(idle[0]), after.rates(idle[1]), (len(before.wall), len(after.wall)),
                        confidence=confidence)  # fmt: skip
 
 
@@ -390,6 +407,7 @@ def _route(
     seed: int,
     confidence: float,
     draws: int,
+    idle: tuple[list[Interval], list[Interval]] = ([], []),
 ) -> RouteComparison:
     def quantiles(
         key: str, before: array[float], after: array[float], which: tuple[tuple[str, float], ...]
@@ -420,7 +438,7 @@ def _route(
         requests=(len(b.wall), len(a.wall)),
         errors=(b.errors, a.errors),
         latency=quantiles("latency", b.wall, a.wall, LATENCY_QUANTILES),
-        throughput=_throughput(b, a, confidence),
+        throughput=_throughput(b, a, confidence, idle),
         streaming=streaming,
         breakdown=parts,
     )

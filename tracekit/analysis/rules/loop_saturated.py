@@ -12,10 +12,12 @@ ms, p95 154-218 ms, with a load generator and other jobs on the same 2 cores.
 One symptom, one finding: when the time that stages ``cpu-on-loop`` or
 ``blocking-call-on-loop`` flag (their own gates, asked through their ``fires``) held the loop
 is at least ``fold_share`` of the time the requests held it (CPU, and blocking calls' time
-off the CPU), their findings are the fix and this rule stays
-quiet; when the loop's background CPU exceeds the requests' CPU, ``background-on-loop``
-reports it. Otherwise the loop is saturated by many short slices of many stages: the fix is
-more worker processes, or less CPU per request named by stage.
+off the CPU), their findings are the fix and this rule stays quiet (the request's own code
+flagged does not count: its fix is to wrap it in stages, which an unmodified proxy whose
+handler is all its own code cannot take); when the loop's background CPU exceeds the
+requests' CPU, ``background-on-loop`` reports it. Otherwise the loop is saturated by many
+short slices of many stages: the fix is more worker processes, or less CPU per request named
+by stage.
 
 Projections: more workers through the queueing model of
 :mod:`~tracekit.analysis.rules.loop_load` (the replay has no model of several processes);
@@ -146,8 +148,11 @@ class LoopSaturated:
                 flagged[key] = self.blocking_rule.id
         # Their share of the time the requests held the loop (a blocking call holds it without
         # CPU: by CPU alone a time.sleep on the loop would leave this rule blaming the rest).
+        # Stages only: the request's own code flagged names no fix but "wrap it in stages",
+        # which an unmodified proxy (its handler all own code) cannot take; more workers it can.
         held = {key: sum(max(u.held_ms - u.gc_ms, u.cpu_ms) for u in us) for key, us in uses.items()}
-        if sum(held[key] for key in flagged) >= self.fold_share * sum(held.values()):
+        named = sum(held[key] for key in flagged if key[1] is not None)
+        if named >= self.fold_share * sum(held.values()):
             return None  # cpu-on-loop / blocking-call-on-loop name the fix
         victim = self._victim(load)
         if victim is None or (ctx.route is not None and victim != ctx.route):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from operator import attrgetter, itemgetter
 
 from tracekit import semconv
@@ -60,6 +61,26 @@ def subtract(intervals: Iterable[Interval], cover: Sequence[Interval]) -> list[I
         if cursor < end:
             out.append((cursor, end))
     return [p for p in out if p[1] > p[0]]
+
+
+#: An idle stretch (no request in flight) at least this long, and ``IDLE_FACTOR`` times the
+#: typical gap between requests' starts, is no part of a run's throughput window: a warm-up
+#: request seconds before the load, a pause between two loads.
+IDLE_GAP_NS = 1_000_000_000
+IDLE_FACTOR = 10
+
+
+def idle_stretches(intervals: Sequence[Interval]) -> list[Interval]:
+    """The stretches of ``intervals``' span with none of them in progress, at least
+    :data:`IDLE_GAP_NS` long and :data:`IDLE_FACTOR` times the median gap between consecutive
+    starts (a slow steady load keeps its gaps), in time order. Cost: O(n log n)."""
+    if len(intervals) < 2:
+        return []
+    starts = sorted(a for a, _ in intervals)
+    gaps = sorted(b - a for a, b in pairwise(starts))
+    least = max(IDLE_GAP_NS, IDLE_FACTOR * gaps[len(gaps) // 2])
+    busy = merge(intervals)
+    return [(a[1], b[0]) for a, b in pairwise(busy) if b[0] - a[1] >= least]
 
 
 def overlap(start: int, end: int, cover: Sequence[Interval]) -> int:

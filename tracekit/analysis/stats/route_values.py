@@ -9,10 +9,13 @@ when instrumented), and 8 more per distinct stage name of the route (at most
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
+from collections.abc import Sequence
 
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.slo import request_itl_ms
 from tracekit.analysis.stats.confidence import bin_rates
+from tracekit.analysis.stats.intervals import Interval, idle_stretches
 from tracekit.analysis.stats.route_stats import BREAKDOWN_KEYS, OTHER_ROUTES, breakdown
 
 __all__ = ["MAX_ROUTES", "RouteCollector", "RouteValues"]
@@ -94,11 +97,24 @@ class RouteValues:
             self._order = sorted(range(len(ends)), key=ends.__getitem__)
         return [values[i] for i in self._order]
 
-    def rates(self) -> list[float]:
-        """Completions per second in bins of the active window (:func:`bin_rates`)."""
+    def rates(self, idle: Sequence[Interval] = ()) -> list[float]:
+        """Completions per second in bins of the active window (:func:`bin_rates`), the
+        ``idle`` stretches (no request in flight, :func:`idle_stretches`) left out of it."""
         if self.first_ns is None or self.last_ns is None:
             return []
-        return bin_rates([int(e) for e in self.ends], self.first_ns, self.last_ns)
+        inside = [(a, b) for a, b in idle if self.first_ns <= a and b <= self.last_ns]
+        if not inside:
+            return bin_rates([int(e) for e in self.ends], self.first_ns, self.last_ns)
+        # The window without them: each time moved back by the idle time before it.
+        cut = [0]
+        for a, b in inside:
+            cut.append(cut[-1] + (b - a))
+        starts = [a for a, _ in inside]
+
+        def active(t: int) -> int:
+            return t - cut[bisect_right(starts, t)]
+
+        return bin_rates([active(int(e)) for e in self.ends], self.first_ns, active(self.last_ns))
 
 
 class RouteCollector:
@@ -107,9 +123,18 @@ class RouteCollector:
 
     def __init__(self) -> None:
         self.routes: dict[str, RouteValues] = {}
+        # Every request's start and end (16 bytes a request): the run's idle stretches.
+        self.starts = array("q")
+        self.ends = array("q")
+
+    def idle(self) -> list[Interval]:
+        """The run's idle stretches (:func:`idle_stretches`), no request of any route in flight."""
+        return idle_stretches(list(zip(self.starts, self.ends, strict=True)))
 
     def add(self, req: RequestRecord) -> None:
         """Keep one request's values under its route."""
+        self.starts.append(req.start_ns)
+        self.ends.append(req.end_ns)
         values = self.routes.get(req.route)
         if values is None:
             name = req.route if len(self.routes) < MAX_ROUTES else OTHER_ROUTES
