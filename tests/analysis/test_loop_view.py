@@ -438,6 +438,20 @@ def test_a_gc_pause_inside_a_stage_is_not_a_blocking_call_of_the_stage() -> None
     assert run_rules(records(30.0), RuleContext(), rules) == []
 
 
+def test_cpu_on_loops_longest_slice_leaves_a_gc_pause_out() -> None:
+    # A new user's LiteLLM: the handler's "longest slice 517 ms" was the 517 ms generation-2
+    # collection gc-pauses reported as well.
+    out = []
+    for i in range(10):
+        t = i * 100.0
+        gc = {semconv.GC_MS: 40.0} if i == 3 else {}
+        s = stage("parse", t, t + 60, cpu_ms=15.0, wait_ms=0.0, max_block_ms=55.0 if i == 3 else 15.0,
+                  slices=[(t, t + 15)], attributes=gc)  # fmt: skip
+        out.append(request(ROUTE, t, t + 70, [s], loop_wait_ms=0.0))
+    (f,) = run_rules(out, RuleContext(), [CpuOnLoop()])
+    assert "longest slice 15 ms, GC pauses left out)" in f.evidence, f.evidence
+
+
 # --- background-on-loop ---------------------------------------------------------------------
 def test_background_on_loop_fires_when_untraced_work_is_heavy() -> None:
     spans = [*_windows(4, requests=200.0, background=350.0, tracekit_cpu=5.0, probes=100,

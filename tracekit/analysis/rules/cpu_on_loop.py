@@ -144,9 +144,11 @@ class CpuOnLoop(LoopUsageRule):
         code = StageCode.of(name, (u.stage for u in uses))
         fix, model, note = fix_for_cpu(route, code)
         victim = index.main_victim(service, route, name)
+        # A collection inside its steps is the collector's (gc-pauses reports it), not its slice.
+        gc_note = ", GC pauses left out" if any(u.gc_ms > 0 for u in uses) else ""
         evidence = (
             f"{name_of(name)} ran {ms(percentile(cpu, 0.5))} of CPU on the event loop per "
-            f"request (p95 {ms(cpu95)}, longest slice {ms(max(u.max_slice_ms for u in uses))}); "
+            f"request (p95 {ms(cpu95)}, longest slice {ms(max(u.slice_ms for u in uses))}{gc_note}); "
             f"other requests waited {ms(per_second)} per second for the loop while it ran "
             f"({ms(blame)} per request){victim_note(victim, route)}{code.profile_note()}"
         )
