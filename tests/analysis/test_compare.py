@@ -250,6 +250,9 @@ def test_a_projection_for_another_route_is_checked_against_that_routes_change(
     assert check.metrics[0].measured is next(r for r in result.routes if r.route == stream).latency["p50"]
     words = " ".join(result.to_text(width=80, color=False).split())
     assert f"projected for {stream}, whose requests waited for this stage" in words
+    # No --finding: the selection is a guess, and the text says how to name the change made
+    # (a new user made a change no finding proposed and read gc-pauses as "selected").
+    assert "assumed to be each route's top projected finding (if you made another change" in words
     assert result.to_dict()["routes"][0]["projections"][0]["projected_route"] == stream
 
 

@@ -123,7 +123,9 @@ class _Renderer:
             count = f"{requests:,} requests" if _is_number(requests) else "- requests"
             self._wrap(f"{key + ':':<8}{_s(side.get('source'))} {g.dot} {count}", 2, hang=8)
         finding = method.get("finding")
-        chosen = f"--finding {_s(finding)}" if finding else "each route's top projected finding"
+        chosen = (f"--finding {_s(finding)}" if finding else "assumed to be each route's top "
+                  "projected finding (if you made another change, name it with --finding "
+                  "RULE[:STAGE]; a change no finding proposed has no projection to check)")
         self._wrap(f"the change made (selected): {chosen}", 2, p.dim, hang=4)
 
     def _route(self, r: Mapping[str, Any]) -> None:
