@@ -5,10 +5,11 @@ Both runs are read by the analyzer itself (:func:`tracekit.analysis.api.analyze`
 source it takes: trace files, a Jaeger query URL, in-memory spans), with an ``observe`` hook
 that keeps, per route, what the intervals need of each request: its latency and end time, TTFT
 and ITL when it streamed, the breakdown when it is instrumented
-(:mod:`tracekit.analysis.stats.route_values`). Those are arrays of floats, about 90 bytes a
-request: unlike ``analyze``, ``compare``'s memory grows with the requests (a million requests
-a side, about 180 MB). The statistics are in :mod:`tracekit.analysis.stats.confidence`; the
-projection verdicts in :mod:`tracekit.analysis.projection_check`.
+(:mod:`tracekit.analysis.stats.route_values`), and every request's start and end (the run's idle
+stretches). Those are arrays, about 106 bytes a request: unlike ``analyze``, ``compare``'s
+memory grows with the requests (a million requests a side, about 210 MB). The statistics
+are in :mod:`tracekit.analysis.stats.confidence`; the projection verdicts in
+:mod:`tracekit.analysis.projection_check`.
 
 Which projection is "the change made": BEFORE's findings each project one fix applied alone.
 ``finding="RULE[:STAGE]"`` names the fix that was made; by default it is the first finding

@@ -3,7 +3,8 @@
 Unlike the aggregator's statistics these grow with the requests: arrays of floats, about 90
 bytes a request (latency, end time, TTFT and ITL when streamed, the seven breakdown components
 when instrumented), and 8 more per distinct stage name of the route (at most
-:data:`MAX_STAGES`).
+:data:`MAX_STAGES`); the collector 16 more (every request's start and end: the run's idle
+stretches).
 """
 
 from __future__ import annotations
