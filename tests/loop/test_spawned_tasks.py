@@ -517,3 +517,54 @@ def test_a_request_task_made_by_the_servers_own_task_has_its_start_wait(loop_kin
         spans = rec.spans
     waits = [s.attributes.get(sc.START_WAIT_MS) for s in spans if s.kind.name == "SERVER"]
     assert len(waits) == 2 and waits[1] is not None and 25.0 <= waits[1] < 1000.0, waits
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_task_that_ends_after_its_request_was_handed_on_keeps_what_it_ran_before(
+    loop_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy's success-logging task (a new user's LiteLLM): started before the response, it
+    # ran there, and ended after the request's linger. Folded only at its end, its CPU before
+    # the response was lost from the spans (20% of the requests' CPU on the loop) while the
+    # loop's windows counted it as the requests'. Folded at the response, the two agree.
+    from tracekit._export import tracing
+    from tracekit.testing import HTTPRequest, drive
+
+    monkeypatch.setattr(tracing, "LINGER_S", 0.05)
+    burnt: list[float] = []
+
+    def work(units: int) -> None:
+        started = time.thread_time()
+        spin(units)
+        burnt.append(time.thread_time() - started)
+
+    async def log_success() -> None:
+        work(10)  # before the response (the request awaits below)
+        await asyncio.sleep(0.3)  # past the linger: the request is handed on meanwhile
+        work(1)
+
+    async def app(scope: Any, receive: Receive, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        asyncio.get_running_loop().create_task(log_success())
+        await asyncio.sleep(0.002)
+        await _respond(send)
+
+    async def main() -> None:
+        middleware = tracekit.TracekitMiddleware(app)
+        for _ in range(10):
+            await drive(middleware, [HTTPRequest("GET", "/", headers={})], 1)
+        await asyncio.sleep(1.3)  # the tasks end; the loop's window (a second) closes
+
+    with tracekit.record() as rec:
+        _run(main(), loop_kind)
+        tracing.flush_all()
+        spans = rec.spans
+    requests = [s.attributes for s in spans if s.kind.name == "SERVER"]
+    windows = [s.attributes for s in spans if s.name == sc.LOOP_SPAN]
+    in_spans = sum(a[sc.CPU_MS] + a.get(sc.AFTER_RESPONSE_CPU_MS, 0.0) for a in requests)
+    in_windows = sum(w[sc.LOOP_REQUESTS_CPU_MS] for w in windows)
+    assert len(requests) == 10
+    assert in_spans == pytest.approx(in_windows, rel=0.03), (in_spans, in_windows)
+    before_response = sum(burnt[:10]) * 1000  # the tasks' first work(): all before any second
+    assert in_spans >= 0.95 * before_response, (in_spans, before_response)

@@ -188,6 +188,7 @@ def body_sent(request: Request) -> None:
     try:
         request.end = clock.wall_ns()
         ledger.book_open_steps(event_loop.thread_state(), request)
+        spawned.fold_open(request)
     except Exception:
         internal_error("send watch")
 
@@ -223,6 +224,7 @@ def enrich(request: Request) -> None:
         ledger.book_open_steps(event_loop.thread_state(), request)
         if request.end == 0:
             request.end = clock.wall_ns()  # provisional: the span ends with this send
+        spawned.fold_open(request)
         attrs = span_attributes.request_attributes(request)
         attrs.update(request.runtime.host_cpus)  # the span's resource is not tracekit's
         request.enrich.set_attributes(attrs)

@@ -205,9 +205,21 @@ def finish(led: Ledger) -> None:
         internal_error("spawned task end")
 
 
+def fold_open(request: Any) -> None:
+    """The response is complete: fold what the request's tasks still running have done so
+    far into its ledgers (:func:`fold`). From here their CPU is the request's after its
+    response (:func:`tracekit._core.ledger.answered`); a task folded only when it ends could
+    end after the request's spans were built, and what it ran before the response was lost
+    (a proxy's logging tasks: 20% of its requests' CPU on the loop)."""
+    for led in request.ledgers:
+        if led.site is SPAWNED and not led.end:
+            fold(led)
+
+
 def fold(led: Ledger) -> None:
     """Add a spawned task's figures to the nearest still-open ledger of its spawner's line
-    (the spawner, else its enclosing stages, else the request's root)."""
+    (the spawner, else its enclosing stages, else the request's root), and clear them (a task
+    still running is folded at its request's response, then again at its end)."""
     target: Ledger | None = led.spawner
     while target is not None and target.end and target.parent is not None:
         target = target.parent
@@ -237,7 +249,8 @@ def fold(led: Ledger) -> None:
         room = MAX_CATCHES - len(target.blocked)
         if room > 0:
             target.blocked.extend(led.blocked[:room])
-    led.cpu_on = led.cpu_off = led.loop_wait = 0
+    led.cpu_on = led.cpu_off = led.loop_wait = led.steps = led.gc = led.queued = led.child_consumer = 0
+    led.slices = led.waits = led.blocked = None
 
 
 #: When tasks of no traced request (a server's task per request among them) were created, by
