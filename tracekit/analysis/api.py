@@ -22,7 +22,7 @@ from tracekit.analysis.readers.common import ReadStats
 from tracekit.analysis.report import Report, build_report
 from tracekit.analysis.slo import SLO, parse_slo
 from tracekit.analysis.stats.aggregate import Aggregator
-from tracekit.analysis.stats.intervals import IDLE_GAP_NS, merge
+from tracekit.analysis.stats.intervals import idle_stretches
 from tracekit.errors import ConfigurationError, TraceFormatError
 
 #: Distinct service names listed in a report (hostile input could have millions).
@@ -217,24 +217,23 @@ def _report(
 
 
 def _warn_idle(report: Report) -> None:
-    # The throughput figures divide by the whole recorded period: one long idle stretch in
-    # it (a new user's warm-up request 3 s before a burst read 26 req/s for 119) is said,
-    # when it is at least IDLE_GAP_NS and half the period (steady traffic at a low rate has
-    # many short gaps, and its throughput is what it says). compare leaves such stretches out.
+    # The throughput figures divide by the whole recorded period: its idle stretches (a new
+    # user's warm-up request 3 s before a burst read 26 req/s for 119) are said, found as
+    # tracekit compare finds the ones it leaves out (steady traffic at a low rate keeps its
+    # gaps: its throughput is what it says).
     sample = report.sample
     if not sample or report.requests > len(sample):
         return  # the sample is the earliest requests only: the gaps after it are not known
-    busy = merge((r.start_ns, r.end_ns) for r in sample)
-    if len(busy) < 2:
+    idle = idle_stretches([(r.start_ns, r.end_ns) for r in sample])
+    if not idle:
         return
-    period = busy[-1][1] - busy[0][0]
-    gap = max(b[0] - a[1] for a, b in itertools.pairwise(busy))
-    if gap >= IDLE_GAP_NS and 2 * gap >= period:
-        report.warnings.append(
-            f"for {gap / 1e9:.1f} s ({gap / period:.0%} of the recorded period) no request was in "
-            f"flight, and every throughput figure counts that time: was a request sent long "
-            f"before the load (a warm-up)?"
-        )
+    period = max(r.end_ns for r in sample) - min(r.start_ns for r in sample)
+    total = sum(b - a for a, b in idle)
+    report.warnings.append(
+        f"for {total / 1e9:.1f} s ({total / period:.0%} of the recorded period) no request was in "
+        f"flight, and every throughput figure here counts that time (tracekit compare leaves it "
+        f"out): was a request sent long before the load (a warm-up), or did the load pause?"
+    )
 
 
 def analyze_spans(

@@ -408,7 +408,7 @@ def _route(
     seed: int,
     confidence: float,
     draws: int,
-    idle: tuple[list[Interval], list[Interval]] = ([], []),
+    idle: tuple[list[Interval], list[Interval]],
 ) -> RouteComparison:
     def quantiles(
         key: str, before: array[float], after: array[float], which: tuple[tuple[str, float], ...]

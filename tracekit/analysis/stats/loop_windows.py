@@ -297,7 +297,7 @@ class LoopStats:
         elif len(self.per_process) < MAX_PROCESSES:
             self.per_process[pid] = sums
 
-    def processes(self) -> list[dict[str, Any]]:
+    def by_process(self) -> list[dict[str, Any]]:
         """Each process's windows and busy share (its loop's CPU over its windows' wall time),
         the busiest first; empty unless the windows name two processes or more."""
         if len(self.per_process) < 2:
@@ -398,7 +398,7 @@ class LoopStats:
                                "share": self.runqueue_ns / self.runqueue_wall_ns}  # fmt: skip
         if self.task_cpu:  # only where named: older reports keep their form
             out["background_tasks"] = [{"task": name, "cpu_ms": ms} for name, ms in self.tasks()]
-        by_process = self.processes()
+        by_process = self.by_process()
         if by_process:  # only with several processes: one process's report keeps its form
             out["by_process"] = by_process
         if self.profile is not None:  # only then: reports without profiles keep their form
