@@ -292,7 +292,12 @@ def test_high_lag_on_a_loop_under_full_cpu_is_saturation_and_says_why_as_far_as_
             if f.rule == "loop-saturated"]  # fmt: skip
     assert f.projection is None and "# projected for" not in f.fix_code
     assert f.projection_note is not None and f.projection_note.startswith("more workers need free cores")
+    assert f.projection_note.endswith("with --cores N (the cores free for the gateway's workers) it projects")
     assert f.severity_reason is not None and f.severity_reason.endswith("(no projection)")
+    # --cores N: the user says N cores are free for the workers, and the projection is made.
+    (f,) = [f for f in analyze_spans(_saturated(requests=650.0, runqueue=300.0), cores=2).findings
+            if f.rule == "loop-saturated"]  # fmt: skip
+    assert f.projection is not None and "# projected for" in f.fix_code
     # Measured and small: no shortage of CPU is claimed (a new user's gateway: 0.9%).
     evidence = _saturation(_saturated(requests=650.0, runqueue=9.0))
     assert "waited for a CPU only 0.9% of the time: its work came in bursts" in evidence
