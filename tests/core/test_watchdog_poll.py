@@ -14,7 +14,7 @@ from array import array
 
 import pytest
 
-from tracekit._core import event_loop, watchdog
+from tracekit._core import event_loop, ledger, watchdog
 from tracekit._core.watchdog import Watchdog
 
 MS = 1_000_000
@@ -192,3 +192,37 @@ def test_tracekits_integrations_are_tracekits_frames_in_a_checkout_too() -> None
     frames, own = watchdog._stack(_calls(app, wrapper, library))  # type: ignore[arg-type]
     assert not own and [f for f, _, _ in frames[:2]] == [library, app]
     assert watchdog._blame(frames).startswith("app/handlers.py:2 in f")
+
+
+def test_a_step_begun_late_in_a_long_slice_is_sampled_only_once_it_has_held_the_loop() -> None:
+    """A guardrail then the model call's start run back to back in one step of a request: the
+    slice passed the threshold in the guardrail, and a sample taken as the model call began
+    blamed its socket check (a new user's run: every model stage "blocked at httpcore").
+    The watchdog puts the sample off until the innermost step has run half the threshold
+    itself; a slice that ends first gets none."""
+    parked, done = threading.Event(), threading.Event()
+    states: list[event_loop.ThreadState] = []
+
+    def hold() -> None:  # the loop thread, parked inside the step
+        states.append(event_loop.ThreadState())
+        parked.set()
+        done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert parked.wait(10)
+        (state,) = states
+        led = ledger.Ledger(ledger.Site("model", "model"), None, None, 1)
+        dog = Watchdog(threshold_ms=20.0)
+        now = time.perf_counter_ns()
+        state.seq, state.slice_start, state.top = 1, now - 30 * MS, led
+        led.step_t0 = now - 1 * MS  # the model call's step began 1 ms ago, 29 ms into the slice
+        assert dog._check([state]) == [state] and led.blocked is None
+        led.step_t0 = now - 12 * MS  # it has held the loop 12 ms of the threshold's 20
+        assert dog._check([state]) == [] and led.blocked is not None
+        ((_, held_ms, blamed, _),) = led.blocked
+        assert held_ms >= 30 and "in hold" in blamed
+    finally:
+        done.set()
+        thread.join()

@@ -5,7 +5,9 @@ is gone (why asyncio's debug mode and slow-callback loggers mislead). So a daemo
 polls each watched loop thread every ``threshold / 2``; when one outermost slice has held
 the loop longer than the threshold (default 20 ms), it samples that thread's stack with
 ``sys._current_frames()`` and records, on the innermost open stage (or the request's own
-ledger), ``file:line in function`` plus a short stack. One sample per slice.
+ledger), ``file:line in function`` plus a short stack. One sample per slice, put off while
+that step began under half the threshold ago (its line would be where the slice is now, not
+what held the loop).
 
 Polling without the GIL: a Python thread waiting for the GIL is signalled at every release by
 the loop thread (each select/epoll of each loop iteration): a futex wake-up system call on the
@@ -154,19 +156,24 @@ class Watchdog:
             self.wakes += 1
             for i in over:  # one report per slice (its start), whatever the check below says
                 self._reported[states[i].ident or 0] = seen[i]
-            self._check([states[i] for i in over])
+            later = self._check([states[i] for i in over])
+            while later and not self._stop.wait(interval_ns / 1e9):  # samples put off
+                later = self._check(later)
             if time.monotonic() - self._pruned_at > PRUNE_S:
                 self._prune()
 
-    def _check(self, states: list[ThreadState]) -> None:
-        """Sample each of these threads whose open slice is past the threshold (once a slice)."""
+    def _check(self, states: list[ThreadState]) -> list[ThreadState]:
+        """Sample each of these threads whose open slice is past the threshold (once a slice);
+        returns those whose sample :meth:`_sample` put off."""
         now = clock.wall_ns()
+        later = []
         for state in states:
             start = state.slice_start
             if not start or now - start < self.threshold_ns:
                 continue
-            if self._sampled.get(state.ident or 0) != state.seq:
-                self._sample(state, now - start)
+            if self._sampled.get(state.ident or 0) != state.seq and not self._sample(state, start, now):
+                later.append(state)
+        return later
 
     def _prune(self) -> None:
         """Forget the states of threads that ended (a loop per thread pool worker, say)."""
@@ -178,25 +185,33 @@ class Watchdog:
                 self._sampled.pop(ident, None)
                 self._reported.pop(ident, None)
 
-    def _sample(self, state: ThreadState, held_ns: int) -> None:
+    def _sample(self, state: ThreadState, start: int, now: int) -> bool:
+        """Record where ``state``'s thread is on its innermost open step; False when put off:
+        that step began late in the slice (under half the threshold ago), so its line is where
+        the slice is now, not what held the loop (a guardrail then the model call's start, run
+        back to back in one step, blamed the model call's socket check in a new user's run).
+        The poll samples again while the slice goes on; one that ends first gets no sample."""
         seq = state.seq
         frame = sys._current_frames().get(state.ident or 0)
         ledger = state.top
         if frame is None or ledger is None:
-            return
+            return True
+        if now - max(ledger.step_t0, start) < self.threshold_ns // 2:
+            return False
         frames, own = _stack(frame)
         if state.seq != seq or state.top is not ledger:
-            return  # the slice ended while we looked
+            return True  # the slice ended while we looked
         self._sampled[state.ident or 0] = seq
         if not frames or own:
-            return
+            return True
         blamed = _blame(frames)
         stack = "\n".join(f"{short_path(f)}:{line} in {name}" for f, line, name in frames)
         catches = ledger.blocked
         if catches is None:
             catches = ledger.blocked = []
         if len(catches) < MAX_CATCHES:
-            catches.append((clock.wall_ns(), held_ns / 1e6, blamed, stack))
+            catches.append((clock.wall_ns(), (now - start) / 1e6, blamed, stack))
+        return True
 
 
 def _stack(frame: FrameType | None) -> tuple[list[tuple[str, int, str]], bool]:
