@@ -113,3 +113,13 @@ def test_what_got_worse_is_said_whatever_the_verdict_and_tiny_routes_take_a_line
     )
     # Nothing worse: no such line.
     assert "worse" not in render_comparison(comparison(), width=100, color=False, unicode=True)
+
+
+def test_a_change_from_what_shows_as_nothing_is_not_a_percentage() -> None:
+    # A new user's process pool: CPU off the loop 0.00004 -> 14.0 ms read "+340353.9%".
+    data = comparison().to_dict()
+    [route] = data["routes"]
+    route["breakdown_ms"]["cpu_off_loop"] = Change(0.00004, 14.0, (200, 200), 13.8, 14.1).to_dict()
+    text = render_comparison(data, width=100, color=False, unicode=True)
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("cpu off loop"))
+    assert row.split() == ["cpu", "off", "loop", "0.00", "14.0", "+14.0", "(from", "~0)", "[+13.8,", "+14.1]"]

@@ -175,7 +175,9 @@ class _Renderer:
             change = "no significant change"
         else:
             change = _signed(c.get("change"))
-            if _is_number(c.get("change_pct")):
+            if before == fmt_ms(0.0):  # a share of what shows as nothing: "+340353.9%"
+                change += " (from ~0)"
+            elif _is_number(c.get("change_pct")):
                 change += f" ({c['change_pct']:+.1f}%)"
         interval = f"[{_signed(ci[0])}, {_signed(ci[1])}]" if _is_pair(ci) else "no interval"
         self._add(f"  {label:<{_LABEL}}{before:>{_VALUE}}{after:>{_VALUE}}  {change:<{_CHANGE}}{interval}")
