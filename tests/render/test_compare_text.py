@@ -123,3 +123,18 @@ def test_a_change_from_what_shows_as_nothing_is_not_a_percentage() -> None:
     text = render_comparison(data, width=100, color=False, unicode=True)
     row = next(line for line in text.splitlines() if line.lstrip().startswith("cpu off loop"))
     assert row.split() == ["cpu", "off", "loop", "0.00", "14.0", "+14.0", "(from", "~0)", "[+13.8,", "+14.1]"]
+
+
+def test_model_wait_rising_as_loop_wait_falls_on_a_stream_is_explained() -> None:
+    # A new user's fix freed the loop: the model server's own times did not move, but the
+    # streamed replies' model wait rose by 21 ms as their loop wait fell by 34.
+    data = comparison().to_dict()
+    [route] = data["routes"]
+    route["breakdown_ms"]["model_wait"] = Change(94.6, 115.4, (200, 200), 11.7, 30.0).to_dict()
+    route["breakdown_ms"]["loop_wait"] = Change(53.0, 19.1, (200, 200), -41.6, -26.2).to_dict()
+    note = "(model wait rose as loop wait fell: a streamed chunk that arrived while the loop was busy"
+    plain = render_comparison(data, width=100, color=False, unicode=True)
+    assert note not in " ".join(plain.split())  # not streamed: the note would not apply
+    route["streaming"] = {"ttft_ms": {}, "itl_ms": {}}
+    words = " ".join(render_comparison(data, width=100, color=False, unicode=True).split())
+    assert note in words and "the report's TPOT is its pace)" in words

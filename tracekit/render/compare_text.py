@@ -156,6 +156,12 @@ class _Renderer:
             for key, change in parts.items():
                 if not _zero_in_both(change):  # e.g. no GC pauses in either run: not shown
                     self._row(f"  {_s(key).replace('_', ' ')}", change)
+            traded = _moved(parts.get("model_wait"), 1) and _moved(parts.get("loop_wait"), -1)
+            if traded and r.get("streaming"):
+                self._wrap("(model wait rose as loop wait fell: a streamed chunk that arrived "
+                           "while the loop was busy is loop wait, and a freer loop waits for the "
+                           "model's next chunk instead; the model need not have slowed: the "
+                           "report's TPOT is its pace)", 4, p.dim, hang=1)  # fmt: skip
         projections = [c for c in r.get("projections") or [] if isinstance(c, Mapping)]
         if projections:
             self._add("  projected (before's findings, each fix alone) vs measured")
@@ -270,11 +276,16 @@ def _worse(route: Mapping[str, Any]) -> list[str]:
                 rows += [(f"{label} {_s(key)}", change, 1) for key, change in values.items()]
     out = []
     for label, change, worse_sign in rows:
-        if (isinstance(change, Mapping) and change.get("significant") is True
-                and _is_number(change.get("change")) and change["change"] * worse_sign > 0):  # fmt: skip
+        if _moved(change, worse_sign):
             pct = change.get("change_pct")
             out.append(f"{label} {pct:+.1f}%" if _is_number(pct) else f"{label} {_signed(change['change'])}")
     return out
+
+
+def _moved(change: Any, sign: int) -> bool:
+    """Whether ``change`` is significant in the direction of ``sign``."""
+    return (isinstance(change, Mapping) and change.get("significant") is True
+            and _is_number(change.get("change")) and change["change"] * sign > 0)  # fmt: skip
 
 
 def _zero_in_both(change: Any) -> bool:
