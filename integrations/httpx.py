@@ -19,8 +19,8 @@ A streamed reply (``send(stream=True)``) stays open as the stage while the appli
 it: each read of the body is a step of the stage, the time the application holds a chunk is
 the stage's ``tracekit.consumer_ms`` (as for async-generator stages), and the server-sent
 events are timed as they arrive: the model server's own TTFT (less the gateway's loop waits,
-queue waits and CPU before the first chunk) and inter-chunk gaps (``tracekit.upstream.*``), beside the gateway's own on the request span. Usage comes from the
-event that carries it (``stream_options.include_usage``; Anthropic's ``message_start`` and
+queue waits and CPU before the first chunk) and inter-chunk gaps (``tracekit.upstream.*``),
+beside the gateway's own on the request span. Usage comes from the event that carries it (``stream_options.include_usage``; Anthropic's ``message_start`` and
 ``message_delta``); without one, ``gen_ai.usage.output_tokens`` is the count of chunks, flagged
 ``tracekit.upstream.tokens_counted``.
 
@@ -356,7 +356,8 @@ class _Call:
         if not self.chunks:
             return
         led.set_attribute(semconv.UPSTREAM_CHUNKS, self.chunks)
-        led.set_attribute(semconv.UPSTREAM_TTFT_MS, max(0, self.first - led.start - self.own_before_first) / _MS)
+        model_ttft = max(0, self.first - led.start - self.own_before_first)
+        led.set_attribute(semconv.UPSTREAM_TTFT_MS, model_ttft / _MS)
         gaps = self.gaps
         if gaps:
             ordered = sorted(gaps)
