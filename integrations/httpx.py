@@ -20,8 +20,9 @@ it: each read of the body is a step of the stage, the time the application holds
 the stage's ``tracekit.consumer_ms`` (as for async-generator stages), and the server-sent
 events are timed as they arrive: the model server's own TTFT (less the gateway's loop waits,
 queue waits and CPU before the first chunk) and inter-chunk gaps (``tracekit.upstream.*``),
-beside the gateway's own on the request span. Usage comes from the event that carries it (``stream_options.include_usage``; Anthropic's ``message_start`` and
-``message_delta``); without one, ``gen_ai.usage.output_tokens`` is the count of chunks, flagged
+beside the gateway's own on the request span. Usage comes from the event that carries it
+(``stream_options.include_usage``; Anthropic's ``message_start`` and ``message_delta``);
+without one, ``gen_ai.usage.output_tokens`` is the count of chunks, flagged
 ``tracekit.upstream.tokens_counted``.
 
 Nothing the application sees changes: the request body is read as the client already holds it
