@@ -305,3 +305,14 @@ def test_counts_of_processes_and_a_route_without_a_rate() -> None:
                        unicode=True)  # fmt: skip
     assert "2 processes" in text and "1 process\n" in text and "processs" not in text
     assert "1 request · 3 errors · - req/s" in text  # unknown, as every unknown figure
+
+
+def test_a_validation_error_over_the_tolerance_says_why_it_still_validated() -> None:
+    # Accepted inside the measured percentile's 95% interval: latencies in two groups.
+    d = report_dict()
+    d["validation"].update(p50_error=-0.229, p95_error=0.016, model={"tolerance": 0.15})
+    said = " ".join(render_text(d, width=80, color=False).split())
+    assert ("Replay model: validated against the recording (p50 error -22.9%, p95 error 1.6%); "
+            "an error over ±15% is inside the measured percentile's 95% interval") in said
+    d["validation"].update(p50_error=0.04)
+    assert "95% interval" not in render_text(d, width=80, color=False)

@@ -308,6 +308,12 @@ class _Renderer:
                 "Replay model: validated against the recording (p50 error "
                 f"{_pct(v.get('p50_error'))}, p95 error {_pct(v.get('p95_error'))})"
             )
+            model = v.get("model")
+            tolerance: Any = model.get("tolerance") if isinstance(model, Mapping) else None
+            errors: list[Any] = [e for e in (v.get("p50_error"), v.get("p95_error")) if _is_number(e)]
+            if _is_number(tolerance) and any(abs(e) > tolerance for e in errors):
+                text += (f"; an error over ±{tolerance:.0%} is inside the measured percentile's "
+                         "95% interval (latencies in groups, a percentile between them)")
             self._wrap(text, 0, self.p.green)
         else:
             reason = v.get("reason") or "unknown reason"

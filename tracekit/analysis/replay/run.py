@@ -16,7 +16,7 @@ from tracekit._percentile import percentile
 from tracekit.analysis.model import RequestRecord
 from tracekit.analysis.replay.arrivals import Arrivals, arrivals
 from tracekit.analysis.replay.fixes import PROCESSES, THREADS
-from tracekit.analysis.replay.host import Host, host_of
+from tracekit.analysis.replay.host import Host, host_of, quantile_range
 from tracekit.analysis.replay.sim import Node, Simulation
 from tracekit.analysis.stats.loop_windows import LoopCpu
 
@@ -144,6 +144,24 @@ def errors(reqs: list[RequestRecord], run: Run, route: str) -> tuple[float, floa
         _relative(percentile(simulated, 0.5), percentile(measured, 0.5)),
         _relative(percentile(simulated, 0.95), percentile(measured, 0.95)),
     )
+
+
+def reproduced(reqs: list[RequestRecord], run: Run, route: str, tolerance: float) -> bool:
+    """Whether ``run`` reproduced ``route``: its simulated p50 and p95 each within
+    ``tolerance`` of the measured one, or inside the measured quantile's 95% interval (order
+    statistics). The interval is what the measurement itself says: a route whose requests
+    fall in two groups (streamed and not: 90-120 and 235-260 ms in a new user's run) has its
+    p50 in the gap, where one request more on either side moves it by tens of percent."""
+    measured = [r.wall_ms for i, r in enumerate(reqs) if r.route == route and i in run.latency]
+    simulated = [run.latency[i] for i, r in enumerate(reqs) if r.route == route and i in run.latency]
+    if not measured:
+        return False
+    for q in (0.5, 0.95):
+        value, truth = percentile(simulated, q), percentile(measured, q)
+        low, high = quantile_range(measured, q)
+        if abs(_relative(value, truth)) > tolerance and not low <= value <= high:
+            return False
+    return True
 
 
 def _relative(simulated: float, measured: float) -> float:
