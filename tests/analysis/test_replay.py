@@ -706,3 +706,26 @@ def test_a_percentile_between_two_groups_of_latencies_is_reproduced_within_its_i
     one_group = [request(ROUTE, i * 10.0, i * 10.0 + 90.0 + 30.0 * i / 99) for i in range(100)]
     assert not reproduced(one_group, run([1.3 * r.wall_ms for r in one_group]), ROUTE, 0.15)
     assert reproduced(one_group, run([1.1 * r.wall_ms for r in one_group]), ROUTE, 0.15)
+
+
+def test_a_streamed_model_call_replays_no_sooner_than_the_model_sent_its_last_chunk() -> None:
+    # Chunks that arrived while the loop was busy were read at once: the recorded model waits
+    # of a stream (40 ms here) are shorter than the model's sending (20 ms to its first chunk,
+    # then 40 more 5 ms apart: 220 ms). Replayed with the loop free, the call ends when the
+    # model sent its last chunk, not 42 ms in (a new user's fix: p95 projected 268 -> 209 ms,
+    # measured 262 -> 252 ms, the model server sending for 215 ms).
+    from tracekit import semconv as sc
+    from tracekit.analysis.replay.build import model_paced
+
+    pace = {sc.UPSTREAM_TTFT_MS: 20.0, sc.UPSTREAM_TPOT_MS: 5.0, sc.UPSTREAM_CHUNKS: 41}
+    streamed = stage("model", 10, 110, kind="model", cpu_ms=2.0, wait_ms=40.0, attributes=pace)
+    items = [(DELAY, 40.0), (LOOP, 2.0, 0.0)]
+    paced = model_paced(streamed, items)
+    assert paced == [(PAR, [items, [(DELAY, 220.0)]])]
+    assert _ends([paced]) == pytest.approx([220.0], abs=0.01)
+    slower = [(DELAY, 300.0), (LOOP, 2.0, 0.0)]  # a call slower than the floor keeps its time
+    assert _ends([model_paced(streamed, slower)]) == pytest.approx([302.0])
+    # Not a stream the httpx integration timed (no upstream figures, or one chunk): as recorded.
+    assert model_paced(stage("model", 10, 110, kind="model", cpu_ms=2.0, wait_ms=40.0), items) is items
+    one = {**pace, sc.UPSTREAM_CHUNKS: 1}
+    assert model_paced(stage("model", 10, 110, kind="model", cpu_ms=2.0, attributes=one), items) is items
