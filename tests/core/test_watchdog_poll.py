@@ -198,8 +198,9 @@ def test_a_step_begun_late_in_a_long_slice_is_sampled_only_once_it_has_held_the_
     """A guardrail then the model call's start run back to back in one step of a request: the
     slice passed the threshold in the guardrail, and a sample taken as the model call began
     blamed its socket check (a new user's run: every model stage "blocked at httpcore").
-    The watchdog puts the sample off until the innermost step has run half the threshold
-    itself; a slice that ends first gets none."""
+    The watchdog puts such a sample off once, by one poll interval: a slice that ends first
+    gets none; one that goes on is sampled then, whatever runs (a loop calling a short stage
+    again and again is that stage's doing)."""
     parked, done = threading.Event(), threading.Event()
     states: list[event_loop.ThreadState] = []
 
@@ -219,10 +220,21 @@ def test_a_step_begun_late_in_a_long_slice_is_sampled_only_once_it_has_held_the_
         state.seq, state.slice_start, state.top = 1, now - 30 * MS, led
         led.step_t0 = now - 1 * MS  # the model call's step began 1 ms ago, 29 ms into the slice
         assert dog._check([state]) == [state] and led.blocked is None
-        led.step_t0 = now - 12 * MS  # it has held the loop 12 ms of the threshold's 20
+        state.seq, state.slice_start = 2, 0  # the slice ended before the next poll: no sample
+        assert dog._check([state]) == [] and led.blocked is None
+        # A new slice, 30 ms long, whose innermost step is fresh at both polls (a short stage
+        # called again and again): put off once, then sampled.
+        now = time.perf_counter_ns()
+        state.seq, state.slice_start, led.step_t0 = 3, now - 30 * MS, now - 1 * MS
+        assert dog._check([state]) == [state] and led.blocked is None
         assert dog._check([state]) == [] and led.blocked is not None
         ((_, held_ms, blamed, _),) = led.blocked
         assert held_ms >= 30 and "in hold" in blamed
+        # A step that has run half the threshold itself is sampled at once.
+        led.blocked = None
+        now = time.perf_counter_ns()
+        state.seq, state.slice_start, led.step_t0 = 4, now - 30 * MS, now - 12 * MS
+        assert dog._check([state]) == [] and led.blocked is not None
     finally:
         done.set()
         thread.join()

@@ -5,9 +5,9 @@ is gone (why asyncio's debug mode and slow-callback loggers mislead). So a daemo
 polls each watched loop thread every ``threshold / 2``; when one outermost slice has held
 the loop longer than the threshold (default 20 ms), it samples that thread's stack with
 ``sys._current_frames()`` and records, on the innermost open stage (or the request's own
-ledger), ``file:line in function`` plus a short stack. One sample per slice, put off while
-that step began under half the threshold ago (its line would be where the slice is now, not
-what held the loop).
+ledger), ``file:line in function`` plus a short stack. One sample per slice, put off once
+when that step began under half the threshold ago (its line would be where the slice is now,
+not what held the loop).
 
 Polling without the GIL: a Python thread waiting for the GIL is signalled at every release by
 the loop thread (each select/epoll of each loop iteration): a futex wake-up system call on the
@@ -101,6 +101,7 @@ class Watchdog:
         self._watched: dict[int, ThreadState] = {}
         self._pruned_at = 0.0
         self._sampled: dict[int, int] = {}  # thread ident -> slice seq already sampled
+        self._put_off: dict[int, int] = {}  # thread ident -> slice seq whose sample was put off
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -183,6 +184,7 @@ class Watchdog:
             for ident in [i for i in self._watched if i not in alive]:
                 del self._watched[ident]
                 self._sampled.pop(ident, None)
+                self._put_off.pop(ident, None)
                 self._reported.pop(ident, None)
 
     def _sample(self, state: ThreadState, start: int, now: int) -> bool:
@@ -190,13 +192,16 @@ class Watchdog:
         that step began late in the slice (under half the threshold ago), so its line is where
         the slice is now, not what held the loop (a guardrail then the model call's start, run
         back to back in one step, blamed the model call's socket check in a new user's run).
-        The poll samples again while the slice goes on; one that ends first gets no sample."""
+        The poll samples again one interval later, whatever runs then (a loop calling a short
+        stage again and again is that stage's doing); a slice that ends first gets no sample."""
         seq = state.seq
-        frame = sys._current_frames().get(state.ident or 0)
+        ident = state.ident or 0
+        frame = sys._current_frames().get(ident)
         ledger = state.top
         if frame is None or ledger is None:
             return True
-        if now - max(ledger.step_t0, start) < self.threshold_ns // 2:
+        if now - max(ledger.step_t0, start) < self.threshold_ns // 2 and self._put_off.get(ident) != seq:
+            self._put_off[ident] = seq
             return False
         frames, own = _stack(frame)
         if state.seq != seq or state.top is not ledger:
