@@ -283,3 +283,14 @@ def test_a_slow_steady_load_keeps_its_gaps() -> None:
     assert idle_stretches([(s.start_ns, s.end_ns) for s in spans]) == []
     result = compare(spans, spans)
     assert result.routes[0].throughput.before == pytest.approx(0.5, rel=0.05)
+
+
+def test_two_runs_of_no_common_service_are_compared_with_a_warning() -> None:
+    # A new user compared their gateway with the demo's traces: the routes shared a name.
+    before = server_spans("POST /v1/chat", 200, seed=21)
+    after = [Span(s.trace_id, s.span_id, None, s.name, s.kind, s.start_ns, s.end_ns, "demo-gateway",
+                  s.attributes) for s in server_spans("POST /v1/chat", 200, seed=22)]  # fmt: skip
+    result = compare(before, after)
+    (warning,) = [w for w in result.after.warnings if "no service in common" in w]
+    assert warning.startswith("no service in common with before ('gateway' before, 'demo-gateway' after)")
+    assert not any("no service in common" in w for w in compare(before, before).after.warnings)

@@ -283,9 +283,17 @@ def compare(
             f"no finding of before matches {finding!r} on a route both runs have; its findings: "
             f"{', '.join(labels) or 'none'}"
         )
+    after_side = _side(a_report, a_values, a_idle)
+    if b_report.services and a_report.services and not set(b_report.services) & set(a_report.services):
+        # Routes of the same name (POST /v1/chat/completions) in two different applications.
+        after_side.warnings.append(
+            f"no service in common with before ({_names(dict.fromkeys(b_report.services))} "
+            f"before, {_names(dict.fromkeys(a_report.services))} after): are they the same "
+            "application? (a renamed service: OTEL_SERVICE_NAME or configure(service_name=))"
+        )
     return Comparison(
         before=_side(b_report, b_values, b_idle),
-        after=_side(a_report, a_values, a_idle),
+        after=after_side,
         routes=routes,
         only_before=[n for n in b_values if n not in a_values],
         only_after=[n for n in a_values if n not in b_values],
