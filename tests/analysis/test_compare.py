@@ -237,7 +237,7 @@ def test_a_projection_for_another_route_is_checked_against_that_routes_change(
             wall = base * (0.9 + 0.2 * rng.random())
             collector.add(factories.request(route, i * 10.0, i * 10.0 + wall))
         report = SimpleNamespace(findings=[finding] if scale == 1.0 else [], source=f"{seed}.jsonl",
-                                 requests=400, warnings=[], sample=[])  # fmt: skip
+                                 requests=400, warnings=[], sample=[], services=["gateway"])  # fmt: skip
         return report, collector.routes, collector.idle()
 
     sides = iter([side(1.0, 1), side(0.7, 2)])
