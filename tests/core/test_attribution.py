@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -143,3 +144,47 @@ def test_streamed_reply_timing(serve) -> None:  # type: ignore[no-untyped-def]
     # the span ends when the last chunk leaves: after 20 sleeps of 10 ms
     assert a[sc.WALL_MS] >= 20 * 9.5
     assert not [s for s in spans if s.name.startswith("http send")]  # no span per chunk
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_next_request_on_a_keep_alive_connection_is_a_request_of_its_own(serve, loop: str) -> None:  # type: ignore[no-untyped-def]
+    """uvicorn pauses reading a connection while a large body waits to be read, and re-arms
+    its reader as the request reads it, inside that request's context: the next request on
+    the connection starts in it (CPython issue 140947). While the first one's work went on
+    after its response (a background task), the second was read as a nested middleware's and
+    joined the first's trace (a new user's mixed gateway: other routes' stages in their
+    traces, chained as long as the requests kept coming)."""
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    @tracekit.stage("guardrail")
+    def guardrail() -> int:
+        return sum(range(1000))
+
+    async def linger() -> None:
+        await asyncio.sleep(0.3)
+
+    async def first(request: Any) -> PlainTextResponse:
+        await request.body()
+        return PlainTextResponse("first", background=BackgroundTask(linger))
+
+    async def second(request: object) -> PlainTextResponse:
+        guardrail()
+        return PlainTextResponse("second")
+
+    app = Starlette(routes=[Route("/first", first, methods=["POST"]), Route("/second", second)])
+    with tracekit.record() as rec:
+        server = serve(tracekit.TracekitMiddleware(app), loop=loop)
+        with httpx.Client(base_url=server.url) as client:  # one connection, kept alive
+            assert client.post("/first", content=b"x" * 200_000).text == "first"
+            assert client.get("/second").text == "second"
+        spans = settled(rec, 2)
+    requests = {s.attributes[sc.URL_PATH]: s for s in spans if s.kind.name == "SERVER"}
+    assert set(requests) == {"/first", "/second"}
+    (stage,) = [s for s in spans if s.name == "guardrail"]
+    assert stage.context.trace_id == requests["/second"].context.trace_id
+    assert stage.parent is not None and stage.parent.span_id == requests["/second"].context.span_id
