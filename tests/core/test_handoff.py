@@ -202,3 +202,47 @@ def test_what_cannot_be_sent_to_a_process_fails_as_it_does_untraced(
         traced = asyncio.run(tracekit.stage("send")(send_lambda)())
     assert type(traced) is type(untraced) and isinstance(untraced, (pickle.PicklingError, AttributeError))
     assert str(traced) == str(untraced)
+
+
+def test_a_request_waiting_for_its_own_call_next_task_is_not_queueing() -> None:
+    # FastAPI's @app.middleware("http") (Starlette's BaseHTTPMiddleware) runs the endpoint in
+    # a task of its own and receives its response from a memory stream: a new user's sync
+    # endpoints read the whole request as queue wait (166 ms against 53.6 measured), on top
+    # of the endpoint's own figures. Two requests share one worker thread: each waits for the
+    # other's use of it (FastAPI runs the endpoint there, then the response's serialization:
+    # the second's endpoint waits for the first's 30 ms, the first's serialization for the
+    # second's), which is queue wait; the rest is what the endpoint did, and every request's
+    # parts add up to its wall time.
+    import httpx
+    from fastapi import FastAPI, Request
+
+    app = FastAPI()
+
+    @app.middleware("http")
+    async def passthrough(request: Request, call_next: Any) -> Any:
+        return await call_next(request)
+
+    @app.get("/sync")
+    def endpoint() -> dict[str, int]:
+        burn(30)
+        return {"ok": 1}
+
+    async def main() -> None:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        transport = httpx.ASGITransport(app=tracekit.TracekitMiddleware(app))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            await asyncio.gather(http.get("/sync"), http.get("/sync"))
+
+    with tracekit.record() as rec:
+        asyncio.run(main())
+    requests = sorted((s.attributes for s in rec.spans if s.kind.name == "SERVER"),
+                      key=lambda a: a.get(sc.QUEUE_WAIT_MS, 0.0))  # fmt: skip
+    assert len(requests) == 2
+    for a in requests:
+        parts = (a[sc.CPU_MS] + a[sc.IO_WAIT_MS] + a[sc.MODEL_WAIT_MS] + a[sc.LOOP_WAIT_MS]
+                 + a.get(sc.QUEUE_WAIT_MS, 0.0) + a.get(sc.GC_MS, 0.0))  # fmt: skip
+        assert parts == pytest.approx(a[sc.WALL_MS], rel=0.05, abs=1.0)
+        assert a[sc.CPU_OFF_LOOP_MS] >= 20  # the endpoint's 30 ms in the worker thread
+    assert 20 <= sum(a.get(sc.QUEUE_WAIT_MS, 0.0) for a in requests) <= 90
+    for a in requests:
+        assert a.get(sc.QUEUE_WAIT_MS, 0.0) <= a[sc.WALL_MS] - 20

@@ -230,19 +230,22 @@ def sleep_ready_ns(awaiting: Any, suspended: int) -> int | None:
 
 
 _sync_codes: frozenset[Any] = frozenset()
+_receive_codes: frozenset[Any] = frozenset()
 _sync_codes_anyio = False
 
 
 def _synchronization_codes() -> frozenset[Any]:
     """The code of the coroutines that wait for another task of the process: asyncio's and,
     once imported, anyio's locks, semaphores, conditions and queues (not events: anyio's
-    sockets wait for data on an ``asyncio.Event``)."""
-    global _sync_codes, _sync_codes_anyio
+    sockets wait for data on an ``asyncio.Event``); of those, the receiving ends of queues
+    in ``_receive_codes``."""
+    global _sync_codes, _receive_codes, _sync_codes_anyio
     anyio_backend = sys.modules.get("anyio._backends._asyncio")
     if _sync_codes and (_sync_codes_anyio or anyio_backend is None):
         return _sync_codes
     functions: list[Any] = [asyncio.Lock.acquire, asyncio.Semaphore.acquire, asyncio.Condition.wait,
                             asyncio.Queue.get, asyncio.Queue.put]  # fmt: skip
+    receives: list[Any] = [asyncio.Queue.get]
     if anyio_backend is not None:
         memory = sys.modules.get("anyio.streams.memory")
         functions += [getattr(anyio_backend, name).__dict__.get(method) for name, method in
@@ -250,21 +253,27 @@ def _synchronization_codes() -> frozenset[Any]:
                        ("CapacityLimiter", "acquire_on_behalf_of"))]  # fmt: skip
         if memory is not None:
             functions += [memory.MemoryObjectReceiveStream.receive, memory.MemoryObjectSendStream.send]
+            receives.append(memory.MemoryObjectReceiveStream.receive)
         _sync_codes_anyio = True
+    _receive_codes = frozenset(f.__code__ for f in receives if hasattr(f, "__code__"))
     _sync_codes = frozenset(f.__code__ for f in functions if hasattr(f, "__code__"))
     return _sync_codes
 
 
-def waits_for_a_task(awaiting: Any) -> bool:
+def waits_for_a_task(awaiting: Any, own_tasks_running: bool = False) -> bool:
     """Whether the coroutine ``awaiting`` is suspended on a lock, semaphore, condition or
-    queue: waiting for another task of this process (queue wait), not for I/O."""
+    queue: waiting for another task of this process (queue wait), not for I/O. Not a queue's
+    receiving end while ``own_tasks_running`` (tasks its code spawned still run): it waits
+    for its own work then (Starlette's ``BaseHTTPMiddleware`` receives the response its
+    ``call_next`` task sends: the whole request read as queue wait, on top of that work)."""
     codes = _synchronization_codes()
     node = getattr(awaiting, "cr_await", None) or getattr(awaiting, "ag_await", None)
     for _ in range(64):  # bounded: a hostile or cyclic chain must not hang the request
         if node is None:
             return False
-        if getattr(node, "cr_code", None) in codes:
-            return True
+        code = getattr(node, "cr_code", None)
+        if code in codes:
+            return not (own_tasks_running and code in _receive_codes)
         node = _awaited(node)
     return False
 

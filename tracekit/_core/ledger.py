@@ -16,7 +16,8 @@ Split of a ledger's wall time, each nanosecond counted once::
 - ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`).
 - ``queued``: suspended on a lock, semaphore, condition or queue: waiting for other tasks of
   the process (:func:`tracekit._core.event_loop.waits_for_a_task`), not for I/O, until they
-  let go (the rest of the suspension, ready, is loop wait).
+  let go (the rest of the suspension, ready, is loop wait); not a queue's receiving end while
+  tasks the ledger's code spawned still run (its own work: their figures are folded into it).
 - ``loop_wait``: estimated by :mod:`tracekit._core.event_loop` at each resumption.
 - ``wait``: the rest: suspended waiting on I/O / the model, or blocked off-CPU in a sync call.
 """
@@ -312,7 +313,7 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
         led.checkpoint_wait = held
     else:
         waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
-        if held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting):
+        if held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting, _spawned_running(led)):
             # Queue wait until the other task let go; from then on this one was ready, and
             # the time until the loop resumed it is loop wait (as for any suspension).
             led.queued += held - waited
@@ -329,6 +330,21 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
         led.loop_wait += waited
         if waited >= SLICE_NOTE_NS:
             led.waits = note(led.waits, now - waited, waited)
+
+
+def _spawned_running(led: Ledger) -> bool:
+    """Whether a task that ``led``'s code (or a stage inside it) spawned is still running."""
+    request = led.request
+    if request is None:
+        return False
+    for other in request.ledgers:
+        if other.site is SPAWNED and not other.end:
+            spawner = other.spawner
+            while spawner is not None and spawner is not led:
+                spawner = spawner.parent
+            if spawner is led:
+                return True
+    return False
 
 
 def close(led: Ledger, end: int = 0) -> bool:
