@@ -208,6 +208,66 @@ def test_a_forced_full_collection_is_gc_not_the_stages_cpu(loop: str, serve: Any
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_a_collection_in_another_thread_is_gc_of_the_stage_that_waited_for_the_gil(
+    loop: str, serve: Any
+) -> None:
+    """A collection holds the GIL from start to end: a loop stage that needs it waits the
+    collection out. That wait is GC, not a blocking call of the stage (a new user's sync
+    endpoints' generation-2 collections in worker threads read as blocking calls in the
+    streamed model stage on the loop, with a fix to move it to a thread)."""
+    import threading
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    garbage = [[i, {"k": i}] for i in range(600_000)]  # many objects to traverse
+    pauses: list[float] = []
+
+    def collect() -> None:
+        time.sleep(0.01)  # the stage below is running
+        start = time.perf_counter()
+        gc.collect()
+        pauses.append((time.perf_counter() - start) * 1000)
+
+    @tracekit.stage("guardrail")
+    def guardrail() -> None:  # 60 ms of pure Python: it needs the GIL throughout
+        end = time.thread_time() + 0.06
+        while time.thread_time() < end:
+            pass
+
+    async def handler(request: Any) -> PlainTextResponse:
+        worker = threading.Thread(target=collect)
+        worker.start()
+        guardrail()
+        worker.join()
+        return PlainTextResponse("ok")
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/", handler)]))
+    try:
+        with tracekit.record() as rec:
+            server = serve(app, loop=loop, http="httptools")
+            import httpx
+
+            assert httpx.get(server.url + "/", timeout=30).status_code == 200
+            time.sleep(0.2)
+            tracing.flush_all()
+            spans = rec.spans
+    finally:
+        garbage.clear()
+    (collection_ms,) = pauses
+    assert collection_ms > 20, pauses
+    stage = next(s.attributes for s in spans if s.attributes.get(sc.STAGE) == "guardrail")
+    # The stage waited for the GIL while the other thread collected (started 10 ms into it,
+    # its 60 ms of CPU not done): most of the collection is its GC, not time it held the
+    # loop off the CPU.
+    assert stage[sc.GC_MS] >= 0.5 * collection_ms, (stage, collection_ms)
+    off_cpu = stage[sc.WALL_MS] - stage[sc.CPU_MS] - stage[sc.GC_MS]
+    assert off_cpu <= 0.5 * collection_ms, (stage, collection_ms)
+    assert stage[sc.CPU_MS] + stage[sc.GC_MS] <= stage[sc.WALL_MS] * 1.01 + 0.01, stage
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_every_requests_buckets_add_up_to_its_wall_time(loop: str, model: ModelServer, serve: Any) -> None:
     """Streamed replies included (the body runs in tasks Starlette spawns, the model stage is
     an async generator whose consumer sends the chunks): CPU + loop wait + model wait + I/O

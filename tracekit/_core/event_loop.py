@@ -78,8 +78,8 @@ class ThreadState:
     """
 
     __slots__ = ("block_due", "block_end", "busy_cpu", "busy_wall", "cell", "cpu_at", "cpu_last",
-                 "gc", "ident", "lag", "lag_at", "last_end", "last_end_cpu", "loop", "name", "probe_due",
-                 "run_start", "seq", "slice_c0", "slice_start", "task", "top", "view",
+                 "gc", "gc_wall", "ident", "lag", "lag_at", "last_end", "last_end_cpu", "loop", "name",
+                 "probe_due", "run_start", "seq", "slice_c0", "slice_start", "task", "top", "view",
                  "watched")  # fmt: skip
 
     def __init__(self) -> None:
@@ -106,6 +106,7 @@ class ThreadState:
         self.lag = 0
         self.lag_at = 0  # when it was measured (wall ns)
         self.gc: Any = None  # garbage collections on this thread (tracekit._core.gc_pauses.Pauses)
+        self.gc_wall = 0  # their wall ns so far (GC_CLOCK less this: other threads' collections)
         self.view: Any = None  # the loop view of the loop this thread runs (tracekit._core.loop_view)
         self.last_end = 0  # wall ns when the last outermost slice on a loop thread ended
         self.last_end_cpu = -1  # thread CPU ns then (-1: not known)
@@ -120,6 +121,25 @@ class ThreadState:
         # Where a watchdog polling without the GIL reads slice_start: an array('q') of one
         # item, None when no such watchdog watches this thread (see _watchdog.py).
         self.cell: Any = None
+
+
+class GcClock:
+    """Wall ns of the garbage collections so far on every thread of the process (written by
+    :mod:`tracekit._core.gc_pauses`'s hook, under the GIL). A collection holds the GIL from
+    start to end: a step of another thread that needs it waits the collection out."""
+
+    __slots__ = ("wall",)
+
+    def __init__(self) -> None:
+        self.wall = 0
+
+
+GC_CLOCK: Final = GcClock()
+
+
+def others_gc_ns(state: ThreadState) -> int:
+    """Wall ns of the collections run so far on threads other than ``state``'s."""
+    return GC_CLOCK.wall - state.gc_wall
 
 
 _local: Final = threading.local()

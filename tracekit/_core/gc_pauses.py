@@ -71,6 +71,8 @@ def _hook(phase: str, info: dict[str, Any]) -> None:
             generation = GENERATIONS - 1
         pauses.count[generation] += 1
         pauses.wall += held
+        state.gc_wall += held
+        event_loop.GC_CLOCK.wall += held
         pauses.cpu += spent
         if spent > pauses.longest_cpu or (spent == pauses.longest_cpu and held > pauses.longest):
             pauses.longest_cpu = spent

@@ -108,6 +108,7 @@ class Ledger:
         "max_block",
         "nested_cpu",
         "nested_wall",
+        "others_gc0",
         "owns_slice",
         "parent",
         "prev_top",
@@ -128,6 +129,7 @@ class Ledger:
     # Written by step_begin before anything reads them (not initialised by __init__).
     step_t0: int  # wall ns when the open step began
     step_c0: int  # thread CPU ns when the open step began
+    others_gc0: int  # other threads' collections' wall ns then (event_loop.others_gc_ns)
     nested_cpu: int  # CPU of nested stages' steps inside the open step (subtracted from it)
     nested_wall: int  # wall time of those nested steps (the open step's own CPU fits in the rest)
     prev_top: Ledger | None  # what was on top of the thread's step stack before this step
@@ -197,6 +199,7 @@ def step_begin(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int) -
     led.nested_cpu = led.nested_wall = 0
     led.step_t0 = now
     led.step_c0 = cpu
+    led.others_gc0 = event_loop.others_gc_ns(state)
 
 
 def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_loop: bool) -> None:
@@ -213,6 +216,21 @@ def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_
     spent = cpu - led.step_c0
     if spent > held:
         spent = held
+    # Collections on other threads held the GIL this step then waited for: GC, not blocking
+    # (a new user's sync endpoints' 127 ms generation-2 collections in worker threads read as a
+    # blocking call in the streamed model stage on the loop). At most the step's own time
+    # off CPU: a collection that ended in the step may have begun before it.
+    late = answered(led, led.step_t0)
+    others = event_loop.others_gc_ns(state) - led.others_gc0
+    if others > 0:
+        off_cpu = (held - led.nested_wall) - (spent - led.nested_cpu)
+        if others > off_cpu:
+            others = off_cpu if off_cpu > 0 else 0
+        led.nested_wall += others
+        if not late:
+            led.gc += others
+    else:
+        others = 0
     prev = led.prev_top
     state.top = prev
     led.prev_top = None
@@ -220,11 +238,15 @@ def step_end(led: Ledger, state: event_loop.ThreadState, now: int, cpu: int, on_
     if prev is not None:
         prev.nested_cpu += spent
         prev.nested_wall += held
+        prev.others_gc0 += others  # booked here, not again in the outer step
     own = spent - led.nested_cpu
     free = held - led.nested_wall
     if own > free:
         own = free
-    if answered(led, led.step_t0):
+    if late:
+        # After the response a stall behind other threads' collections has no GC bucket
+        # (the request's span is over): it is left out of the slice the code held.
+        held -= others
         request = led.request
         assert request is not None
         request.after_cpu += own
