@@ -105,7 +105,8 @@ class GcPauses:
             f"{counts[2]:,} generation 2{host}); the longest pause {ms(longest_ms)}"
             + (f" ({ms(longest_cpu_ms)} of CPU)" if timed_cpu else "")
             + f" (generation {generation}); {len(pauses)} of {len(reqs)} {route} requests were "
-            f"hit (their pauses "
+            f"hit (collections in their steps, on the loop or in the threads running their "
+            f"work, and other threads' while they waited for the GIL: "
             f"p50 {ms(percentile(pauses, 0.5))}, p95 {ms(percentile(pauses, 0.95))}, max "
             f"{ms(max(pauses))}; {ms(per_request)} per request)"
         )
