@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tracekit._percentile import percentile
-from tracekit.analysis.model import RequestRecord
+from tracekit.analysis.model import RequestRecord, after_response_cpu
 from tracekit.analysis.replay import Fix
 from tracekit.analysis.rules import fixes
 from tracekit.analysis.rules.common import (
@@ -148,7 +148,8 @@ class CpuOnLoop(LoopUsageRule):
         gc_note = ", GC pauses left out" if any(u.gc_ms > 0 for u in uses) else ""
         evidence = (
             f"{name_of(name)} ran {ms(percentile(cpu, 0.5))} of CPU on the event loop per "
-            f"request (p95 {ms(cpu95)}, longest slice {ms(max(u.slice_ms for u in uses))}{gc_note}); "
+            f"request{_after_note(name, route, requests, percentile(cpu, 0.5))} "
+            f"(p95 {ms(cpu95)}, longest slice {ms(max(u.slice_ms for u in uses))}{gc_note}); "
             f"other requests waited {ms(per_second)} per second for the loop while it ran "
             f"({ms(blame)} per request){victim_note(victim, route)}{code.profile_note()}"
         )
@@ -166,3 +167,16 @@ class CpuOnLoop(LoopUsageRule):
             model=replace(model, report_route=victim) if model is not None else None,
             no_model_note=note,
         )
+
+
+def _after_note(name: str | None, route: str, requests: Sequence[RequestRecord], cpu_ms: float) -> str:
+    """For the request's own code, how much of its CPU ran after the response, when that is a
+    sizeable part (a new user's async BackgroundTask: 36 of 42 ms, read as the handler's)."""
+    if name is not None:
+        return ""
+    after = [after_response_cpu(r)[0] for r in requests if r.route == route and r.instrumented]
+    late = percentile(after, 0.5) if after else 0.0
+    if late < 0.25 * cpu_ms or late <= 0:
+        return ""
+    return (f", {ms(late)} of it after the response (work the request left on the loop: "
+            "Starlette's BackgroundTasks, logging)")
