@@ -13,7 +13,8 @@ Split of a ledger's wall time, each nanosecond counted once::
 - ``children``: wall time covered by direct child stages (union of their intervals), less
   the time async-generator children spent with their consumer (the parent's code, mostly).
 - ``consumer``: async-generator stages only: time the consumer held a yielded item.
-- ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`).
+- ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`),
+  and those of other threads its steps waited out for the GIL (:func:`step_end`).
 - ``queued``: suspended on a lock, semaphore, condition or queue: waiting for other tasks of
   the process (:func:`tracekit._core.event_loop.waits_for_a_task`), not for I/O, until they
   let go (the rest of the suspension, ready, is loop wait); not a queue's receiving end while
