@@ -145,13 +145,26 @@ def test_model_wait_is_the_model_servers_time_on_a_saturated_loop(loop: str, mod
     assert 0.5 < before_span <= beyond + 2.0, (before_span, beyond, where)
 
 
+def _one_request(handler: Any, loop: str, serve: Any) -> list[Any]:
+    """The spans of one ``GET /`` to ``handler`` behind the middleware on real uvicorn."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/", handler)]))
+    with tracekit.record() as rec:
+        server = serve(app, loop=loop, http="httptools")
+        assert httpx.get(server.url + "/", timeout=30).status_code == 200
+        time.sleep(0.2)
+        tracing.flush_all()
+        return list(rec.spans)
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_forced_full_collection_is_gc_not_the_stages_cpu(loop: str, serve: Any) -> None:
     """A generation-2 collection inside a stage is the stage's ``gc_ms``, not its CPU, and the
     loop's window counts it; its length is checked against ``gc.callbacks`` of the test's own."""
-    from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
 
     garbage: list[Any] = []
     pauses: list[tuple[float, float]] = []  # full collections: (wall, thread CPU), s
@@ -172,17 +185,9 @@ def test_a_forced_full_collection_is_gc_not_the_stages_cpu(loop: str, serve: Any
         heavy()
         return PlainTextResponse("ok")
 
-    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/", handler)]))
     gc.callbacks.append(timer)
     try:
-        with tracekit.record() as rec:
-            server = serve(app, loop=loop, http="httptools")
-            import httpx
-
-            assert httpx.get(server.url + "/", timeout=30).status_code == 200
-            time.sleep(0.2)
-            tracing.flush_all()
-            spans = rec.spans
+        spans = _one_request(handler, loop, serve)
     finally:
         gc.callbacks.remove(timer)
         garbage.clear()
@@ -217,9 +222,7 @@ def test_a_collection_in_another_thread_is_gc_of_the_stage_that_waited_for_the_g
     streamed model stage on the loop, with a fix to move it to a thread)."""
     import threading
 
-    from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
 
     garbage = [[i, {"k": i}] for i in range(600_000)]  # many objects to traverse
     pauses: list[float] = []
@@ -243,16 +246,8 @@ def test_a_collection_in_another_thread_is_gc_of_the_stage_that_waited_for_the_g
         worker.join()
         return PlainTextResponse("ok")
 
-    app = tracekit.TracekitMiddleware(Starlette(routes=[Route("/", handler)]))
     try:
-        with tracekit.record() as rec:
-            server = serve(app, loop=loop, http="httptools")
-            import httpx
-
-            assert httpx.get(server.url + "/", timeout=30).status_code == 200
-            time.sleep(0.2)
-            tracing.flush_all()
-            spans = rec.spans
+        spans = _one_request(handler, loop, serve)
     finally:
         garbage.clear()
     (collection_ms,) = pauses
