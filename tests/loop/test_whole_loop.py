@@ -226,17 +226,19 @@ def test_a_collection_in_another_thread_is_gc_of_the_stage_that_waited_for_the_g
 
     garbage = [[i, {"k": i}] for i in range(600_000)]  # many objects to traverse
     pauses: list[float] = []
+    done = threading.Event()
 
     def collect() -> None:
         time.sleep(0.01)  # the stage below is running
         start = time.perf_counter()
         gc.collect()
         pauses.append((time.perf_counter() - start) * 1000)
+        done.set()
 
     @tracekit.stage("guardrail")
-    def guardrail() -> None:  # 60 ms of pure Python: it needs the GIL throughout
-        end = time.thread_time() + 0.06
-        while time.thread_time() < end:
+    def guardrail() -> None:  # pure Python until the collection is over: it needs the GIL throughout
+        deadline = time.monotonic() + 10
+        while not done.is_set() and time.monotonic() < deadline:
             pass
 
     async def handler(request: Any) -> PlainTextResponse:
@@ -253,12 +255,10 @@ def test_a_collection_in_another_thread_is_gc_of_the_stage_that_waited_for_the_g
     (collection_ms,) = pauses
     assert collection_ms > 20, pauses
     stage = next(s.attributes for s in spans if s.attributes.get(sc.STAGE) == "guardrail")
-    # The stage waited for the GIL while the other thread collected (started 10 ms into it,
-    # its 60 ms of CPU not done): most of the collection is its GC, not time it held the
-    # loop off the CPU.
-    assert stage[sc.GC_MS] >= 0.5 * collection_ms, (stage, collection_ms)
-    off_cpu = stage[sc.WALL_MS] - stage[sc.CPU_MS] - stage[sc.GC_MS]
-    assert off_cpu <= 0.5 * collection_ms, (stage, collection_ms)
+    # The stage waited for the GIL while the other thread collected (all of the collection
+    # fell inside it): the collection is its GC, not time it held the loop off the CPU (a
+    # busy host adds its own run-queue waits to that, which are not asserted on).
+    assert stage.get(sc.GC_MS, 0.0) >= 0.5 * collection_ms, (stage, collection_ms)
     assert stage[sc.CPU_MS] + stage[sc.GC_MS] <= stage[sc.WALL_MS] * 1.01 + 0.01, stage
 
 
