@@ -143,11 +143,12 @@ def _traced_already() -> bool:
     """Whether a TracekitMiddleware further out is recording this request (added twice, or
     around a mounted app that has its own): then this one passes it through, said once.
 
-    Not a request that has answered already: uvicorn re-arms a keep-alive connection's reader
-    as a response ends, inside that request's context, so the next request on the connection
-    starts in it. Read as nested, that request joined the previous one's trace, and so did the
-    next, as long as one's work outlived its response (a new user's sync endpoints with
-    background work: 56 of 123 guardrail spans of another route in their traces)."""
+    Not a request that has answered already: uvicorn re-arms a paused connection's reader
+    inside the request reading its body (CPython issue 140947), so the next request on the
+    connection starts in that request's context. Read as nested, that request joined the
+    previous one's trace, and so did the next, as long as one's work outlived its response
+    (a new user's sync endpoints with background work: 56 of 123 guardrail spans of another
+    route in their traces). :func:`tracekit._core.spawned.create` reads such a context so."""
     led = current.get_ledger()
     if led is None or led.request is None or led.request.pending <= 0 or led.request.end:
         return False

@@ -185,6 +185,8 @@ def test_the_next_request_on_a_keep_alive_connection_is_a_request_of_its_own(ser
         spans = settled(rec, 2)
     requests = {s.attributes[sc.URL_PATH]: s for s in spans if s.kind.name == "SERVER"}
     assert set(requests) == {"/first", "/second"}
+    # The second request's task is not a task of the first (its start wait is measured).
+    assert sc.START_WAIT_MS in requests["/second"].attributes
     (stage,) = [s for s in spans if s.name == "guardrail"]
     assert stage.context.trace_id == requests["/second"].context.trace_id
     assert stage.parent is not None and stage.parent.span_id == requests["/second"].context.span_id

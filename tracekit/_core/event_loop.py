@@ -280,22 +280,25 @@ def _synchronization_codes() -> frozenset[Any]:
     return _sync_codes
 
 
-def waits_for_a_task(awaiting: Any, own_tasks_running: bool = False) -> bool:
-    """Whether the coroutine ``awaiting`` is suspended on a lock, semaphore, condition or
-    queue: waiting for another task of this process (queue wait), not for I/O. Not a queue's
-    receiving end while ``own_tasks_running`` (tasks its code spawned still run): it waits
-    for its own work then (Starlette's ``BaseHTTPMiddleware`` receives the response its
-    ``call_next`` task sends: the whole request read as queue wait, on top of that work)."""
+def waits_on(awaiting: Any) -> Any:
+    """The code of the lock, semaphore, condition or queue operation the coroutine
+    ``awaiting`` is suspended on (waiting for another task of this process: queue wait, not
+    I/O), or None."""
     codes = _synchronization_codes()
     node = getattr(awaiting, "cr_await", None) or getattr(awaiting, "ag_await", None)
     for _ in range(64):  # bounded: a hostile or cyclic chain must not hang the request
         if node is None:
-            return False
+            return None
         code = getattr(node, "cr_code", None)
         if code in codes:
-            return not (own_tasks_running and code in _receive_codes)
+            return code
         node = _awaited(node)
-    return False
+    return None
+
+
+def is_receive(code: Any) -> bool:
+    """Whether ``code`` (of :func:`waits_on`) is a queue's receiving end."""
+    return code in _receive_codes
 
 
 def estimate_loop_wait(state: ThreadState, suspended: int, resumed: int, awaiting: Any, cpu: int = -1) -> int:

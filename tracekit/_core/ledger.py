@@ -16,7 +16,7 @@ Split of a ledger's wall time, each nanosecond counted once::
 - ``gc``: garbage collections that ran in the ledger's own steps (:mod:`tracekit._core.gc_pauses`),
   and those of other threads its steps waited out for the GIL (:func:`step_end`).
 - ``queued``: suspended on a lock, semaphore, condition or queue: waiting for other tasks of
-  the process (:func:`tracekit._core.event_loop.waits_for_a_task`), not for I/O, until they
+  the process (:func:`tracekit._core.event_loop.waits_on`), not for I/O, until they
   let go (the rest of the suspension, ready, is loop wait); not a queue's receiving end while
   tasks the ledger's code spawned still run (its own work: their figures are folded into it).
 - ``loop_wait``: estimated by :mod:`tracekit._core.event_loop` at each resumption.
@@ -336,7 +336,11 @@ def resume(led: Ledger, state: event_loop.ThreadState, awaiting: Any, now: int, 
         led.checkpoint_wait = held
     else:
         waited = event_loop.estimate_loop_wait(state, suspended, now, awaiting, cpu)
-        if held >= event_loop.QUEUE_MIN_NS and event_loop.waits_for_a_task(awaiting, _spawned_running(led)):
+        primitive = event_loop.waits_on(awaiting) if held >= event_loop.QUEUE_MIN_NS else None
+        # A queue's receiving end while tasks the ledger's code spawned still run waits for its
+        # own work (Starlette's BaseHTTPMiddleware receives what its call_next task sends: the
+        # whole request read as queue wait, on top of that work).
+        if primitive is not None and not (event_loop.is_receive(primitive) and _spawned_running(led)):
             # Queue wait until the other task let go; from then on this one was ready, and
             # the time until the loop resumed it is loop wait (as for any suspension).
             led.queued += held - waited

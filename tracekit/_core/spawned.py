@@ -267,9 +267,14 @@ def create(loop: asyncio.AbstractEventLoop, coro: Any, previous: Any, **options:
     try:
         context = options.get("context")
         spawner = get_ledger() if context is None else context.get(current_ledger, None)
-        # Not a request the sampler dropped, nor one already handed on for span building.
-        if spawner is not None and spawner.request is not None and spawner.request.pending > 0:
-            led = Ledger(SPAWNED, spawner.request, None, spawner.span_id)
+        request = spawner.request if spawner is not None else None
+        # Not a request the sampler dropped, nor one already handed on for span building; nor
+        # a callback's that inherited the context of a request that has answered (uvicorn
+        # re-arms a paused connection's reader in the request's context, CPython issue 140947:
+        # the next request's task on the connection was that request's, its start wait lost).
+        if (spawner is not None and request is not None and request.pending > 0
+                and not (request.end and asyncio.current_task(loop) is None)):  # fmt: skip
+            led = Ledger(SPAWNED, request, None, spawner.span_id)
             led.spawner = spawner
             coro = SpawnedCoroutine(coro, led)
         elif asyncio.current_task(loop) is None:
